@@ -1,0 +1,116 @@
+"""Named fault points that a trainer calls, so a controller can act at exactly that point.
+
+A trainer calls ``probe.point("ckpt.commit", step=20)`` at each place where a fault is
+interesting. Without a controller (the environment variable ``CKPT_CHAOS_CONTROLLER`` unset)
+``point`` returns at once: one global lookup and a comparison, nothing measurable.
+
+With a controller, the calling thread sends the event (one JSON line over a Unix socket) and
+blocks until the controller answers. While it blocks the controller may do anything to the
+process: SIGKILL it (a kill *exactly here*), SIGSTOP it, fill a disk, or simply hold it while
+another rank reaches its own point. The answer is one of:
+
+* ``{"do": "continue"}``: go on;
+* ``{"do": "raise", "error": "oom" | "io" | "runtime", "message": "..."}``: raise an
+  exception from the call site (a simulated OOM or I/O error inside the trainer).
+
+The trainer keeps no knowledge of faults: it only names its points. Point names used by the
+reference trainer are listed in ``POINTS``; third-party trainers may add their own.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import threading
+import time
+
+ENV_CONTROLLER = "CKPT_CHAOS_CONTROLLER"
+
+# The points the reference trainer reports, in the order a save goes through them.
+POINTS = (
+    "train.start",  # process group up, before resume
+    "load.begin",  # a checkpoint was chosen, before dcp.load
+    "load.end",  # state loaded and verified
+    "step.begin",  # an optimizer step starts (step = the step about to run)
+    "microstep.end",  # one micro-batch forward/backward done
+    "step.end",  # optimizer step done, trajectory record written
+    "ckpt.stage",  # a save starts: state captured (and, for async saves, staged)
+    "ckpt.shard.write",  # bytes of this rank's shard file written; fires at each 10% of the plan
+    "ckpt.shard.done",  # this rank's shard file closed
+    "ckpt.metadata",  # DCP wrote .metadata (all shards are complete)
+    "ckpt.fsync",  # every file and the temporary directory fsynced (rank 0)
+    "ckpt.manifest",  # manifest written and fsynced (rank 0)
+    "ckpt.commit",  # temporary directory renamed to step_XXXXXXXX, parent fsynced (rank 0)
+    "ckpt.latest",  # `latest` pointer moved (rank 0)
+    "ckpt.retention",  # old checkpoints deleted (rank 0)
+    "ckpt.async.done",  # an async save finished writing and was committed
+    "ckpt.failed",  # a save failed and was abandoned
+    "sigterm.received",  # this rank noticed its SIGTERM at a micro-step boundary
+    "sigterm.agreed",  # all ranks agreed to stop at this boundary
+    "train.end",  # training finished, before the process group is destroyed
+)
+
+
+class InjectedFault(RuntimeError):
+    """An error raised on the controller's order at a probe point."""
+
+
+class _Controller:
+    def __init__(self, address: str):
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(address)
+        self._file = self._sock.makefile("rwb", buffering=0)
+        self._lock = threading.Lock()
+        self._rank = int(os.environ.get("RANK", "0"))
+        self._pid = os.getpid()
+        self._seq = 0
+
+    def report(self, name: str, info: dict) -> None:
+        with self._lock:
+            self._seq += 1
+            msg = {"rank": self._rank, "pid": self._pid, "seq": self._seq,
+                   "point": name, "t": time.time(), "info": info}
+            try:
+                self._file.write(json.dumps(msg).encode() + b"\n")
+                line = self._file.readline()
+            except OSError:
+                line = b""
+        if not line:
+            return  # controller gone: a probe never changes behaviour on its own
+        answer = json.loads(line)
+        if answer.get("do") == "raise":
+            raise _exception(answer.get("error", "runtime"), answer.get("message", "injected fault"))
+
+
+def _exception(kind: str, message: str) -> BaseException:
+    if kind == "oom":
+        import torch  # only on the fault path
+
+        return torch.OutOfMemoryError(f"[ckpt-chaos] simulated out of memory: {message}")
+    if kind == "io":
+        return OSError(errno.EIO, f"[ckpt-chaos] injected I/O error: {message}")
+    return InjectedFault(message)
+
+
+def _connect() -> _Controller | None:
+    address = os.environ.get(ENV_CONTROLLER)
+    if not address:
+        return None
+    return _Controller(address)
+
+
+_controller: _Controller | None = _connect()
+
+
+def point(name: str, /, **info) -> None:
+    """Report that this process reached the named point; returns when the controller says so."""
+    if _controller is None:
+        return
+    _controller.report(name, info)
+
+
+def active() -> bool:
+    """True when a controller is listening (lets callers skip work done only for the probe)."""
+    return _controller is not None

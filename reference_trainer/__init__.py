@@ -1,0 +1,1 @@
+"""A reference FSDP2 trainer with complete, atomic, validated checkpoints (see README)."""

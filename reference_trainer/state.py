@@ -1,0 +1,248 @@
+"""What a checkpoint holds, and how each part is captured, restored and fingerprinted.
+
+A complete checkpoint is one DCP state dict:
+
+* ``model``, ``optim``: FSDP2 sharded state through ``get_state_dict`` (reshardable);
+* ``grads``: the accumulated sharded gradients, only for a checkpoint taken in the middle of a
+  gradient-accumulation cycle (an emergency save lands on any micro-batch boundary);
+* ``meta``: the same on every rank: progress counters, LR scheduler, config;
+* ``rank<r>``: one per rank: every RNG stream and the data-loader state.
+
+Per-rank parts are keyed by rank because DCP keeps one copy of a non-tensor value per key.
+World-size change rule (see README): the loader state is expressed in global stream positions,
+so every new rank restores rank 0's loader state; RNG streams belong to a rank's slice of the
+data and have no counterpart at another world size, so they are derived afresh from
+(seed, step, rank) and the resumed run is itself reproducible.
+
+Each restore step is a separate function on purpose: the planted-bug tests replace one of them
+(forget the RNG, the loader, the optimizer) and show that the harness notices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import pickle
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+
+@dataclass
+class Progress:
+    """Counters that say where training is; saved in ``meta``."""
+
+    step: int = 0  # optimizer steps completed
+    micro: int = 0  # micro-batches already done inside the next step (0 at a step boundary)
+    microbatches: int = 0  # micro-batches processed since the start of training
+    tokens_seen: int = 0
+    best_loss: float = math.inf
+    partial_loss: float = 0.0  # loss accumulated by the unfinished step (exact fp32 value)
+    partial_ids: list[int] = field(default_factory=list)  # its sample ids so far, global order
+
+
+@dataclass
+class TrainState:
+    """Everything the loop mutates; one object so capture and restore see the same parts."""
+
+    cfg: Any
+    rank: int
+    world_size: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: Any
+    sampler: Any
+    progress: Progress = field(default_factory=Progress)
+
+
+# ---- RNG -------------------------------------------------------------------------------
+
+def seed_rank_rng(seed: int, rank: int, step: int = 0) -> None:
+    """Seed every RNG stream of this rank from (seed, step, rank)."""
+    s = (seed * 1_000_003 + step * 10_007 + rank) % (2**31)
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+
+
+def capture_rng() -> dict:
+    np_state = np.random.get_state(legacy=False)
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"bit_generator": np_state["bit_generator"], "key": np_state["state"]["key"].tolist(),
+                  "pos": np_state["state"]["pos"], "has_gauss": np_state["has_gauss"],
+                  "gauss": np_state["gauss"]},
+        "python": random.getstate(),
+    }
+
+
+def restore_rng(rng: dict) -> None:
+    torch.set_rng_state(rng["torch"])
+    if torch.cuda.is_available() and rng["cuda"]:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    n = rng["numpy"]
+    np.random.set_state({"bit_generator": n["bit_generator"],
+                         "state": {"key": np.array(n["key"], dtype=np.uint32), "pos": n["pos"]},
+                         "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
+    random.setstate(rng["python"])
+
+
+# ---- capture -----------------------------------------------------------------------------
+
+def _blob(obj: Any) -> bytes:
+    return pickle.dumps(obj)
+
+
+def _unblob(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+def rank_state(ts: TrainState) -> dict:
+    return {"rng": capture_rng(), "loader": ts.loader.state_dict()}
+
+
+def meta_state(ts: TrainState) -> dict:
+    return {"progress": asdict(ts.progress), "scheduler": ts.scheduler.state_dict(), "config": ts.cfg.to_dict()}
+
+
+def checkpoint_state(ts: TrainState) -> dict:
+    """The DCP state dict of a complete checkpoint at the current position."""
+    model_sd, optim_sd = get_state_dict(ts.model, ts.optimizer)
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "meta": _blob(meta_state(ts)),
+                             f"rank{ts.rank}": _blob(rank_state(ts))}
+    if ts.progress.micro:
+        state["grads"] = {name: p.grad for name, p in ts.model.named_parameters()}
+    return state
+
+
+# ---- restore -----------------------------------------------------------------------------
+
+def restore_model_and_optimizer(ts: TrainState, model_sd: dict, optim_sd: dict) -> None:
+    set_state_dict(ts.model, ts.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+
+def restore_loader(ts: TrainState, loader_state: dict) -> None:
+    ts.loader.load_state_dict(loader_state)
+
+
+def restore_rank_rng(ts: TrainState, rng: dict | None) -> None:
+    """Restore this rank's saved streams, or derive new ones after a world-size change."""
+    if rng is None:
+        seed_rank_rng(ts.cfg.seed, ts.rank, ts.progress.step)
+    else:
+        restore_rng(rng)
+
+
+def restore_meta(ts: TrainState, meta: dict) -> None:
+    ts.progress = Progress(**meta["progress"])
+    ts.scheduler.load_state_dict(meta["scheduler"])
+
+
+def load_checkpoint(ts: TrainState, path: Path, saved_world_size: int, has_grads: bool) -> None:
+    """Load a validated checkpoint directory into ``ts`` (collective: every rank calls it)."""
+    same_world = saved_world_size == ts.world_size
+    rank_key = f"rank{ts.rank}" if same_world else "rank0"
+    model_sd, optim_sd = get_state_dict(ts.model, ts.optimizer)
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "meta": b"", rank_key: b""}
+    if has_grads:
+        state["grads"] = {name: torch.zeros_like(p) for name, p in ts.model.named_parameters()}
+    dcp.load(state, checkpoint_id=str(path))
+
+    restore_model_and_optimizer(ts, state["model"], state["optim"])
+    restore_meta(ts, _unblob(state["meta"]))
+    per_rank = _unblob(state[rank_key])
+    restore_loader(ts, per_rank["loader"])
+    restore_rank_rng(ts, per_rank["rng"] if same_world else None)
+    if has_grads:
+        for name, p in ts.model.named_parameters():
+            p.grad = state["grads"][name]
+
+
+# ---- digests -----------------------------------------------------------------------------
+
+def _hash_tree(obj: Any, h: "hashlib._Hash") -> None:
+    """Feed a nested structure of tensors and plain values into a hash, in a stable order."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            h.update(f"K{k}".encode())
+            _hash_tree(obj[k], h)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)}".encode())
+        for v in obj:
+            _hash_tree(v, h)
+    elif isinstance(obj, float):
+        h.update(f"F{obj.hex()}".encode())
+    else:
+        h.update(f"V{obj!r}".encode())
+
+
+def digest(obj: Any) -> str:
+    h = hashlib.sha256()
+    _hash_tree(obj, h)
+    return h.hexdigest()[:16]
+
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def model_optimizer_digest(ts: TrainState) -> str | None:
+    """Digest of the full (gathered) model and optimizer state; collective, value on rank 0."""
+    model_sd = get_model_state_dict(ts.model, options=_FULL)
+    optim_sd = get_optimizer_state_dict(ts.model, ts.optimizer, options=_FULL)
+    return digest({"model": model_sd, "optim": optim_sd}) if ts.rank == 0 else None
+
+
+def component_digests(ts: TrainState) -> dict[str, str] | None:
+    """Per-component digests of the whole job's state; collective, the dict on rank 0.
+
+    Model, optimizer and gradients are gathered to full tensors, so their digests do not depend
+    on the world size. The loader digest is over the distinct per-rank loader states (equal on
+    all ranks by design), so it too survives a world-size change; RNG streams are per rank.
+    """
+    model_sd = get_model_state_dict(ts.model, options=_FULL)
+    optim_sd = get_optimizer_state_dict(ts.model, ts.optimizer, options=_FULL)
+    grads = None
+    if ts.progress.micro:
+        grads = {n: p.grad.full_tensor() for n, p in ts.model.named_parameters()}
+    local = {"rng": digest(capture_rng()), "loader": digest(ts.loader.state_dict())}
+    gathered: list[Any] = [None] * ts.world_size
+    dist.all_gather_object(gathered, local)
+    if ts.rank != 0:
+        return None
+    progress = asdict(ts.progress)
+    out = {
+        "model": digest(model_sd),
+        "optimizer": digest(optim_sd),
+        "scheduler": digest(ts.scheduler.state_dict()),
+        "counters": digest({k: progress[k] for k in ("step", "micro", "microbatches", "tokens_seen")}),
+        "dataloader": digest(sorted({g["loader"] for g in gathered})),
+        "rng": digest([g["rng"] for g in gathered]),
+    }
+    if grads is not None:
+        out["grads"] = digest(grads)
+    return out
+
+
+def float_hex(x: float) -> str:
+    return float(x).hex()
+
+
