@@ -1,0 +1,115 @@
+"""Launch a training job under the real elastic launcher, and make sure it is gone afterwards.
+
+torchrun starts each worker in a session of its own, and a worker whose torchrun died keeps
+running. So every process of a job carries an environment marker (``CKPT_CHAOS_JOB``) and
+``Job.kill`` sends SIGKILL to every process that has it, whoever its parent is now.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from .probe import ENV_CONTROLLER
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+JOB_MARKER = "CKPT_CHAOS_JOB"
+
+
+def _carries(proc: psutil.Process, marker: str) -> bool:
+    try:
+        return proc.environ().get(JOB_MARKER) == marker
+    except (psutil.Error, OSError):
+        return False
+
+
+def job_processes(marker: str) -> list[psutil.Process]:
+    """Every live process (torchrun and workers) started for the job with this marker."""
+    return [p for p in psutil.process_iter() if _carries(p, marker)]
+
+
+@dataclass
+class Job:
+    popen: subprocess.Popen
+    marker: str
+    log_path: Path
+    started: float = field(default_factory=time.monotonic)
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Exit status of torchrun, or None if it is still running after ``timeout`` seconds."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send a signal to torchrun only (a cluster's preemption notice reaches the launcher)."""
+        try:
+            self.popen.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    def workers(self) -> list[psutil.Process]:
+        return [p for p in job_processes(self.marker) if p.pid != self.popen.pid]
+
+    def kill(self) -> None:
+        """SIGKILL every process of the job (launcher and workers), then reap torchrun."""
+        for _ in range(3):
+            procs = job_processes(self.marker)
+            if not procs:
+                break
+            for p in procs:
+                try:
+                    p.send_signal(signal.SIGCONT)  # a stopped process must not linger after SIGKILL
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(procs, timeout=5)
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = "reference_trainer",
+           controller: str | None = None, max_restarts: int = 0, env: dict[str, str] | None = None,
+           log_name: str = "torchrun.log") -> Job:
+    """Start ``torchrun --standalone --nproc_per_node N -m MODULE ARGS`` with its output in run_dir."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker = uuid.uuid4().hex
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", JOB_MARKER: marker,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    full_env.pop(ENV_CONTROLLER, None)
+    if controller:
+        full_env[ENV_CONTROLLER] = controller
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           f"--max-restarts={max_restarts}", "-m", module, *trainer_args]
+    log = open(run_dir / log_name, "ab")
+    log.write(f"$ {' '.join(cmd)}\n".encode())
+    log.flush()
+    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT,
+                             start_new_session=True)
+    log.close()
+    return Job(popen, marker, run_dir / log_name)
+
+
+def run_to_end(run_dir: Path, nproc: int, trainer_args: list[str], timeout: float = 300, **kwargs) -> int:
+    """Launch, wait at most ``timeout`` seconds, always clean up; the exit status (or -9 on timeout)."""
+    job = launch(run_dir, nproc, trainer_args, **kwargs)
+    try:
+        rc = job.wait(timeout)
+        return -9 if rc is None else rc
+    finally:
+        job.kill()

@@ -1,0 +1,35 @@
+"""Helpers for tests that run the real trainer under torchrun."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.history import final_state, trainer_events, trajectory
+from harness.launcher import run_to_end
+
+# Small enough for a 2-core machine, big enough to cross epochs (96 samples = 6 steps per epoch)
+# and to accumulate gradients (2 micro-batches per step).
+BASE = {"max_steps": 12, "ckpt_every_steps": 4, "dataset_size": 96, "global_batch": 16, "grad_accum": 2}
+EXACT_KEYS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_seen", "state_digest")
+
+
+def trainer_args(run_dir: Path, **overrides) -> list[str]:
+    cfg = {**BASE, "run_dir": str(run_dir), **overrides}
+    return [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items()]
+
+
+def train(run_dir: Path, nproc: int = 2, module: str = "reference_trainer", timeout: float = 240,
+          **overrides) -> int:
+    return run_to_end(run_dir, nproc, trainer_args(run_dir, **overrides), module=module, timeout=timeout)
+
+
+def mismatches(golden: Path, run: Path) -> list[tuple[int, str]]:
+    """(step, field) pairs where the run's trajectory differs bit for bit from the golden one."""
+    a, b = trajectory(golden), trajectory(run)
+    assert sorted(a) == sorted(b), f"steps differ: golden {sorted(a)}, run {sorted(b)}"
+    return [(s, k) for s in sorted(a) for k in EXACT_KEYS if a[s].get(k) != b[s].get(k)]
+
+
+def log_tail(run_dir: Path, n: int = 40) -> str:
+    path = Path(run_dir) / "torchrun.log"
+    return "\n".join(path.read_text().splitlines()[-n:]) if path.exists() else "(no log)"

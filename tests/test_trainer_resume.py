@@ -1,0 +1,174 @@
+"""The reference trainer's checkpoints are complete: real torchrun runs, compared bit for bit."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from harness.controller import ProbeServer
+from harness.launcher import launch
+from tests.helpers import final_state, log_tail, mismatches, train, trainer_args, trainer_events, trajectory
+
+pytestmark = pytest.mark.slow
+
+# Relative loss difference allowed after a world-size change; see README "World-size change".
+WORLD_CHANGE_REL_TOL = 0.03
+
+
+def test_stop_and_resume_is_bit_exact_mid_epoch_and_mid_accumulation(golden, tmp_path):
+    gold = golden(2)
+    # 10 micro-batches = step 5 boundary (mid-epoch: 6 steps per epoch); 17 = step 8 + 1 micro-batch,
+    # inside a gradient-accumulation cycle, in the second epoch.
+    assert train(tmp_path, stop_after_microbatches=10) == 0, log_tail(tmp_path)
+    assert train(tmp_path, stop_after_microbatches=17) == 0, log_tail(tmp_path)
+    assert train(tmp_path) == 0, log_tail(tmp_path)
+    loads = trainer_events(tmp_path, "loaded")
+    assert [e["name"] for e in loads] == ["step_00000005", "step_00000008.001"]
+    assert all(e["digests"] == e["saved_digests"] for e in loads), "loaded state differs from saved state"
+    assert "grads" in loads[1]["digests"], "mid-accumulation checkpoint must carry the partial gradients"
+    assert mismatches(gold, tmp_path) == []
+    assert final_state(tmp_path) == final_state(gold)
+
+
+def test_async_save_trajectory_and_resume_are_bit_exact(golden, tmp_path):
+    gold = golden(2)
+    assert train(tmp_path, async_save=True, stop_after_microbatches=18) == 0, log_tail(tmp_path)
+    assert train(tmp_path, async_save=True) == 0, log_tail(tmp_path)
+    saves = trainer_events(tmp_path, "saved")
+    assert any(s["asynchronous"] for s in saves)
+    assert trainer_events(tmp_path, "loaded")[0]["name"] == "step_00000009"
+    assert mismatches(gold, tmp_path) == []
+    assert final_state(tmp_path)["state_digest"] == final_state(gold)["state_digest"]
+
+
+@pytest.mark.parametrize("saved_world,resumed_world", [(4, 2), (2, 4)])
+def test_world_size_change_loads_the_saved_state_and_stays_within_tolerance(golden, tmp_path, saved_world,
+                                                                            resumed_world):
+    gold = golden(saved_world)
+    assert train(tmp_path, saved_world, stop_after_microbatches=12) == 0, log_tail(tmp_path)
+    assert train(tmp_path, resumed_world) == 0, log_tail(tmp_path)
+    (load,) = trainer_events(tmp_path, "loaded")
+    assert load["saved_world_size"] == saved_world and load["world_size"] == resumed_world
+    for part in ("model", "optimizer", "scheduler", "counters", "dataloader"):
+        assert load["digests"][part] == load["saved_digests"][part], f"{part} changed across the world-size change"
+    a, b = trajectory(gold), trajectory(tmp_path)
+    assert sorted(a) == sorted(b)
+    for step in a:
+        # The same samples in the same global order, whatever the world size.
+        assert a[step]["batch_digest"] == b[step]["batch_digest"], f"step {step}: different samples"
+        rel = abs(a[step]["loss"] - b[step]["loss"]) / abs(a[step]["loss"])
+        assert rel <= WORLD_CHANGE_REL_TOL, f"step {step}: loss differs by {rel:.2%}"
+        if step <= 6:
+            assert a[step]["loss_hex"] == b[step]["loss_hex"], "steps before the resume are not the golden ones"
+
+
+def test_sigkill_of_a_rank_mid_shard_write_resumes_from_the_previous_checkpoint(golden, tmp_path):
+    gold = golden(2)
+    killed = []
+
+    def on_event(ev):  # rank 1, half-way through its shard of the step-8 checkpoint
+        if (ev["point"] == "ckpt.shard.write" and ev["rank"] == 1 and ev["info"]["fraction"] >= 0.5
+                and not killed and (tmp_path / "checkpoints" / ".tmp-step_00000008").exists()):
+            killed.append(ev)
+            os.kill(ev["pid"], signal.SIGKILL)  # while the rank is blocked at this exact point
+
+    with ProbeServer(on_event) as server:
+        job = launch(tmp_path, 2, trainer_args(tmp_path), controller=server.address)
+        try:
+            rc = job.wait(120)
+        finally:
+            job.kill()
+    assert killed, "the fault never fired"
+    assert rc != 0
+    ckpts = tmp_path / "checkpoints"
+    assert not (ckpts / "step_00000008").exists(), "a save killed mid-write must not be committed"
+    assert (ckpts / "latest").read_text() == "step_00000004"
+    assert train(tmp_path) == 0, log_tail(tmp_path)
+    (load,) = trainer_events(tmp_path, "loaded")
+    assert load["name"] == "step_00000004"
+    assert any(e["name"] == ".tmp-step_00000008" for e in trainer_events(tmp_path, "stray_removed"))
+    assert mismatches(gold, tmp_path) == []
+
+
+@pytest.mark.parametrize("damage", ["flip_byte", "missing_shard", "missing_manifest"])
+def test_damaged_newest_checkpoint_is_rejected_and_the_older_one_used(golden, tmp_path, damage):
+    gold = golden(2)
+    assert train(tmp_path, stop_after_microbatches=16) == 0, log_tail(tmp_path)
+    newest = tmp_path / "checkpoints" / "step_00000008"
+    shard = newest / "__1_0.distcp"
+    if damage == "flip_byte":
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+    elif damage == "missing_shard":
+        shard.unlink()
+    else:
+        (newest / "manifest.json").unlink()
+    assert train(tmp_path) == 0, log_tail(tmp_path)
+    (load,) = trainer_events(tmp_path, "loaded")
+    assert load["name"] == "step_00000004"
+    (name, reason), = load["rejected"]
+    expected = {"flip_byte": "fails its SHA-256 checksum", "missing_shard": "__1_0.distcp is missing",
+                "missing_manifest": "manifest.json is missing"}[damage]
+    assert name == "step_00000008" and expected in reason
+    rejected = list((tmp_path / "checkpoints" / "rejected").iterdir())
+    assert len(rejected) == 1 and (rejected[0] / "REJECTED_BECAUSE").read_text().strip() == reason
+    assert mismatches(gold, tmp_path) == []
+
+
+@pytest.mark.parametrize("module,part", [
+    ("tests.planted.rng_not_restored", "rng"),
+    ("tests.planted.loader_not_restored", "dataloader"),
+    ("tests.planted.optimizer_not_restored", "optimizer"),
+])
+def test_bit_exact_check_catches_planted_bug(golden, tmp_path, module, part):
+    gold = golden(2)
+    assert train(tmp_path, module=module, stop_after_microbatches=10) == 0, log_tail(tmp_path)
+    assert train(tmp_path, module=module) == 0, log_tail(tmp_path)
+    diffs = mismatches(gold, tmp_path)
+    assert diffs, f"planted bug {module} went unnoticed"
+    assert min(step for step, _ in diffs) == 6, "divergence must start at the first step after the resume"
+    (load,) = trainer_events(tmp_path, "loaded")
+    differing = {k for k in load["saved_digests"] if load["digests"][k] != load["saved_digests"][k]}
+    assert differing == {part}
+
+
+def test_retention_keeps_last_k_and_milestones(tmp_path):
+    assert train(tmp_path, ckpt_every_steps=2, keep_last=2, keep_every=4, max_steps=10,
+                 record_digests=False) == 0, log_tail(tmp_path)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["latest", "step_00000004", "step_00000008", "step_00000010"]
+    # the milestone step 8 and the last two (8, 10); step 4 is a milestone too; 2 and 6 are gone
+
+
+def test_sigterm_writes_an_emergency_checkpoint_and_loses_no_step(golden, tmp_path):
+    gold = golden(2)
+    job_box = []
+
+    def on_event(ev):  # the preemption notice arrives while rank 0 is inside step 7
+        if ev["point"] == "microstep.end" and ev["rank"] == 0 and ev["info"] == {"step": 7, "micro": 1}:
+            job_box[0].signal(signal.SIGTERM)  # to torchrun, which forwards it to its workers
+
+    with ProbeServer(on_event) as server:
+        job = launch(tmp_path, 2, trainer_args(tmp_path), controller=server.address)
+        job_box.append(job)
+        try:
+            job.wait(120)
+        finally:
+            job.kill()
+    (stop,) = trainer_events(tmp_path, "stopped")
+    assert stop["reason"] == "preempt"
+    assert max(trajectory(tmp_path)) == 6
+    assert train(tmp_path) == 0, log_tail(tmp_path)
+    (load,) = trainer_events(tmp_path, "loaded")
+    assert (load["step"], load["micro"]) == (stop["step"], stop["micro"])  # zero lost work
+    assert mismatches(gold, tmp_path) == []
+
+
+def test_incompatible_config_on_resume_names_the_field(tmp_path):
+    assert train(tmp_path, stop_after_microbatches=8) == 0, log_tail(tmp_path)
+    assert train(tmp_path, d_model=32) != 0
+    assert "d_model: checkpoint has 64, this run has 32" in (tmp_path / "torchrun.log").read_text()
