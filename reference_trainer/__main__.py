@@ -7,6 +7,7 @@ reads a file first, options override it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import fields
 
@@ -44,4 +45,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Gloo's C++ threads can outlive the interpreter's finalization and abort the process
+    # ("terminate called without an active exception", pytorch/pytorch#190489) after a
+    # successful run; everything is written and flushed here, so skip the finalization.
+    os._exit(code)

@@ -300,8 +300,11 @@ def train(cfg: TrainConfig) -> int:
     rank, world_size, device = init_distributed(cfg)
     try:
         trainer = Trainer(cfg, rank, world_size, device)
-        return trainer.run()
+        rc = trainer.run()
+        dist.barrier()  # no rank tears its connections down while a peer still talks to it
+        return rc
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
         sys.stdout.flush()
+        sys.stderr.flush()
