@@ -27,6 +27,7 @@ import threading
 import time
 
 ENV_CONTROLLER = "CKPT_CHAOS_CONTROLLER"
+ENV_ATTEMPT = "CKPT_CHAOS_ATTEMPT"  # set by the harness on each relaunch
 
 # The points the reference trainer reports, in the order a save goes through them.
 POINTS = (
@@ -66,11 +67,15 @@ class _Controller:
         self._rank = int(os.environ.get("RANK", "0"))
         self._pid = os.getpid()
         self._seq = 0
+        # Which launch this process belongs to: a harness relaunch, or a restart by torchrun.
+        self._attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
+        self._restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     def report(self, name: str, info: dict) -> None:
         with self._lock:
             self._seq += 1
-            msg = {"rank": self._rank, "pid": self._pid, "seq": self._seq,
+            msg = {"rank": self._rank, "pid": self._pid, "seq": self._seq, "attempt": self._attempt,
+                   "restart": self._restart,
                    "point": name, "t": time.time(), "info": info}
             try:
                 self._file.write(json.dumps(msg).encode() + b"\n")

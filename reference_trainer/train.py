@@ -137,7 +137,10 @@ class Trainer:
         run_dir = Path(cfg.run_dir)
         self.trajectory = JsonlLog(run_dir / "trajectory.jsonl", rank == 0)
         self.events = JsonlLog(run_dir / "events.jsonl", rank == 0)
-        self.attempt = int(os.environ.get("CKPT_CHAOS_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        # The launch this process belongs to: a relaunch by an orchestrator (the harness sets
+        # CKPT_CHAOS_ATTEMPT) or a restart by torchrun; the same count the probe reports.
+        self.attempt = (int(os.environ.get("CKPT_CHAOS_ATTEMPT", "0"))
+                        + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         self.ts = build_state(cfg, rank, world_size, device)
         async_group = dist.new_group(backend="gloo") if cfg.async_save else None
         self.ckpt = CheckpointManager(cfg, rank, world_size, self.log, async_group)

@@ -1,0 +1,241 @@
+"""Run one scenario: the golden run (cached), the chaos run with its faults and relaunches, the checks.
+
+The chaos run is a loop of launches. Every rank reports to a probe server; the generator decides
+on each event whether a fault fires; the nemesis acts while the triggering rank waits. When a
+launch ends without finishing training, the harness takes a snapshot of the checkpoint
+directory (what a resume will find) and relaunches, possibly at another world size, as an
+orchestrator would. In ``torchrun`` mode the launcher's own ``--max-restarts`` does that instead.
+
+Nothing outlives a scenario: every process of a launch carries the job marker and is killed on
+the way out, whether the scenario passed, failed, hit its deadline or was interrupted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from filelock import FileLock
+
+from . import checker
+from .controller import ProbeServer
+from .generator import Generator, launch_of
+from .history import History, final_state, snapshot_checkpoints, trainer_events
+from .launcher import REPO_ROOT, Job, launch
+from .nemesis import ProcessNemesis, requirements
+from .probe import ENV_ATTEMPT
+from .scenario import Scenario
+
+DEFAULT_GOLDEN_DIR = REPO_ROOT / "runs" / "golden"
+
+
+@dataclass
+class Result:
+    """One row of the results table."""
+
+    scenario: str
+    verdict: str  # pass | fail | skipped
+    reason: str = ""
+    families: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    checks: list[dict] = field(default_factory=list)
+    launches: int = 0
+    steps_lost: int | None = None
+    time_to_detect_s: float | None = None
+    time_to_recover_s: float | None = None
+    save_s: float | None = None  # median wall time of a checkpoint save in the chaos run
+    wall_s: float = 0.0
+    run_dir: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def trainer_args(cfg: dict) -> list[str]:
+    return [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items()]
+
+
+# ---- golden runs ----------------------------------------------------------------------------
+
+def _code_hash(module: str) -> str:
+    """Hash of the trainer's code (and the harness probe it calls) so a code change invalidates goldens."""
+    h = hashlib.sha256()
+    roots = [REPO_ROOT / "reference_trainer", REPO_ROOT / "harness" / "probe.py"]
+    mod_path = REPO_ROOT / (module.replace(".", "/") + ".py")
+    if mod_path.is_file():
+        roots.append(mod_path)
+    for root in roots:
+        for p in sorted([root] if root.is_file() else root.rglob("*.py")):
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def golden_key(module: str, cfg: dict, world_size: int) -> str:
+    import torch
+
+    blob = json.dumps({"module": module, "cfg": cfg, "world_size": world_size, "code": _code_hash(module),
+                       "torch": torch.__version__, "python": platform.python_version()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def golden_run(module: str, cfg: dict, world_size: int, root: Path = DEFAULT_GOLDEN_DIR,
+               timeout: float = 600) -> Path:
+    """The fault-free run for this trainer, config and world size; computed once, then reused.
+
+    Parallel workers asking for the same golden run wait on a file lock instead of computing it twice.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    key = golden_key(module, cfg, world_size)
+    final = root / key
+    with FileLock(str(root / f"{key}.lock")):
+        if final_state(final) is not None:
+            return final
+        work = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+        job = launch(work, world_size, trainer_args({**cfg, "run_dir": str(work)}), module=module)
+        try:
+            rc = job.wait(timeout)
+        finally:
+            job.kill()
+        if rc != 0 or final_state(work) is None:
+            log = (work / "torchrun.log").read_text()[-3000:] if (work / "torchrun.log").exists() else ""
+            raise RuntimeError(f"golden run of {module} at world size {world_size} failed (exit {rc}):\n{log}")
+        shutil.rmtree(work / "checkpoints", ignore_errors=True)  # only the records are needed
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(work, final)
+        (final / "golden.json").write_text(json.dumps({"module": module, "cfg": cfg, "world_size": world_size}))
+    return final
+
+
+# ---- the chaos run --------------------------------------------------------------------------
+
+class ChaosRun:
+    """The state of one chaos run while it goes: launches, faults fired, snapshots."""
+
+    def __init__(self, scenario: Scenario, run_dir: Path):
+        self.s = scenario
+        self.run_dir = run_dir
+        self.ckpt_root = run_dir / "checkpoints"
+        self.history = History(run_dir / "history.jsonl")
+        self.generator = Generator(scenario.faults)
+        self.lock = threading.Lock()
+        self.pids: dict[int, int] = {}
+        self.launch_no = 0
+        self.nemesis: ProcessNemesis | None = None
+        self.errors: list[str] = []
+
+    def on_event(self, event: dict) -> dict | None:
+        with self.lock:
+            try:
+                return self._on_event(event)
+            except Exception as e:  # a harness bug must show up in the verdict, not vanish in a thread
+                self.errors.append(f"{type(e).__name__}: {e}")
+                self.history.add("harness", "error", error=self.errors[-1])
+                return None
+
+    def _on_event(self, event: dict) -> dict | None:
+        launch_no = launch_of(event)
+        if launch_no > self.launch_no:  # torchrun restarted its workers: new processes
+            self.launch_no = launch_no
+            self.pids.clear()
+        if launch_no == self.launch_no:
+            self.pids[event["rank"]] = event["pid"]
+        self.history.add("probe", event["point"], t=event["t"], rank=event["rank"], pid=event["pid"],
+                         launch=launch_of(event), info=event.get("info", {}))
+        answer = None
+        for index, fault in self.generator.observe(event):
+            snap = snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
+            act, record = self.nemesis.fire(fault, event)
+            self.history.add("harness", "fault", index=index, fault=fault.kind, target=fault.target,
+                             launch=launch_of(event), at={"point": event["point"], "rank": event["rank"],
+                                                          "info": event.get("info", {})},
+                             snapshot_before=snap, **record)
+            answer = act or answer
+        return answer
+
+    def run(self, golden_dir: Path) -> None:
+        s = self.s
+        deadline = time.monotonic() + s.expect.deadline_s
+        base_cfg = {**s.trainer, "run_dir": str(self.run_dir)}
+        mode = s.recovery.relaunch
+        launches = 1 if mode in ("none", "torchrun") else s.recovery.max_restarts + 1
+        with ProbeServer(self.on_event) as server:
+            for n in range(launches):
+                world = s.world_size if n == 0 else s.resumed_world_size()
+                self.launch_no = n
+                self.pids.clear()
+                job = launch(self.run_dir, world, trainer_args(base_cfg), module=s.trainer_module,
+                             controller=server.address, env={ENV_ATTEMPT: str(n)},
+                             max_restarts=s.recovery.max_restarts if mode == "torchrun" else 0)
+                self.nemesis = ProcessNemesis(job, world, self.pids)
+                self.history.add("harness", "launch", launch=n, world_size=world, pid=job.popen.pid,
+                                 mode=mode)
+                rc = None
+                try:
+                    rc = job.wait(max(0.0, deadline - time.monotonic()))
+                finally:
+                    timed_out = rc is None
+                    job.kill()
+                    self.nemesis.heal()
+                self.history.add("harness", "exit", launch=n, rc=rc, deadline_hit=timed_out,
+                                 grace_expired=self.nemesis.grace_expired,
+                                 snapshot=snapshot_checkpoints(self.ckpt_root))
+                if timed_out:
+                    self.history.add("harness", "deadline", launch=n, deadline_s=s.expect.deadline_s)
+                    break
+                if self._finished():
+                    break
+
+    def _finished(self) -> bool:
+        return any(e.get("event") == "finished" for e in trainer_events(self.run_dir, "finished"))
+
+
+def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN_DIR) -> Result:
+    """Run one scenario end to end and return its row; never raises for a failed scenario."""
+    started = time.monotonic()
+    base = Result(scenario=s.name, verdict="skipped", families=s.families, kinds=s.kinds, tags=s.tags)
+    for f in s.faults:
+        why = requirements(f.kind)
+        if why:
+            base.reason = f"cannot inject {f.kind} here: {why}"
+            return base
+    run_dir = Path(out_root) / s.name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "scenario.toml").write_text(s.to_toml())
+    base.run_dir = str(run_dir)
+    golden = golden_run(s.trainer_module, s.trainer, s.world_size, golden_root)
+    (run_dir / "golden").symlink_to(golden.resolve())
+    chaos = ChaosRun(s, run_dir)
+    try:
+        chaos.run(golden)
+    finally:
+        chaos.history.close()
+    result = evaluate(s, run_dir, golden, harness_errors=chaos.errors)
+    result.wall_s = time.monotonic() - started
+    (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1))
+    return result
+
+
+def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] = ()) -> Result:
+    """Run the checkers over a stored run (also used by ``ckpt-chaos check`` to re-check later)."""
+    report = checker.check_run(s, Path(run_dir), Path(golden), list(harness_errors))
+    saves = [e["total_s"] for e in trainer_events(run_dir, "saved") if e.get("total_s") is not None]
+    return Result(scenario=s.name, verdict=report.verdict, reason=report.reason, families=s.families,
+                  kinds=s.kinds, tags=s.tags, checks=[asdict(c) for c in report.checks],
+                  launches=report.launches, steps_lost=report.steps_lost,
+                  time_to_detect_s=report.time_to_detect_s, time_to_recover_s=report.time_to_recover_s,
+                  save_s=statistics.median(saves) if saves else None, run_dir=str(run_dir))

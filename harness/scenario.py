@@ -1,0 +1,327 @@
+"""The scenario model: what to run, what to break and when, how to recover, what must hold.
+
+A scenario is a TOML file in ``scenarios/`` (schema below) or the same dataclasses built in
+Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be generated.
+
+.. code-block:: toml
+
+    description = "rank 1 is SIGKILLed half-way through writing its shard of the 2nd checkpoint"
+    tags = ["mid-write"]            # free-form; each becomes a pytest marker
+    suites = ["default"]            # suites this scenario belongs to (default: ["default"])
+    world_size = 2                  # ranks of the first launch
+    trainer_module = "reference_trainer"   # python -m MODULE under torchrun
+
+    [trainer]                       # TrainConfig fields (reference_trainer/config.py)
+    max_steps = 12
+    ckpt_every_steps = 4
+
+    [[faults]]
+    kind = "kill"                   # see FAULT_KINDS
+    target = "rank:1"               # rank:N | ranks:A,B | all | majority | minority | node:N | triggering
+    [faults.when]                   # a count of probe events, never a timer
+    point = "ckpt.shard.write"      # probe point (harness/probe.py POINTS)
+    rank = 1                        # count only this rank's events (default: any rank)
+    save = 2                        # only inside the 2nd save of the launch
+    min_fraction = 0.5              # ckpt.shard.write: at least half of the shard's bytes written
+    nth = 1                         # the n-th event that matches all of the above
+
+    [recovery]
+    relaunch = "harness"            # harness | torchrun | none
+    max_restarts = 1
+    world_size = 2                  # world size of relaunches (default: unchanged)
+
+    [expect]
+    trajectory = "bit-exact"        # bit-exact | tolerance
+    resume_from = "step_00000004"   # the checkpoint the first relaunch must load
+    max_lost_steps = 4              # default: one checkpoint interval
+    deadline_s = 300                # the harness kills everything after this long
+
+Every problem in a file is reported with the file, the key, what was found and what is allowed;
+nothing runs from a file that does not validate.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .probe import POINTS
+
+# kind -> (family, one-line meaning). Families become pytest markers, like the kinds themselves.
+FAULT_KINDS: dict[str, tuple[str, str]] = {
+    "kill": ("process", "SIGKILL the target ranks (with node:N, the node's launcher too)"),
+    "term": ("process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s"),
+    "stop": ("process", "SIGSTOP the target ranks: a hang that the job must detect by its collective timeout"),
+    "raise": ("process", "raise an exception inside the triggering rank at the probe point (error: oom|io|runtime)"),
+}
+FAMILIES = sorted({family for family, _ in FAULT_KINDS.values()})
+RELAUNCH = ("harness", "torchrun", "none")
+TRAJECTORY = ("bit-exact", "tolerance")
+RAISE_ERRORS = ("oom", "io", "runtime")
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message names the file, the key and the fix."""
+
+
+@dataclass
+class Trigger:
+    """When a fault fires: the ``nth`` probe event that matches every given filter.
+
+    Events are counted in the order the controller receives them. With ``rank`` set the count is
+    over one rank's events, which arrive in program order, so the same scenario fires at the
+    same point on every run.
+    """
+
+    point: str
+    rank: int | None = None
+    nth: int = 1
+    step: int | None = None  # info["step"] equals this
+    save: int | None = None  # inside the save-th save (ckpt.stage count) of this rank in this launch
+    min_fraction: float | None = None  # ckpt.shard.write: info["fraction"] >= this
+    name: str | None = None  # info["name"] equals this (a checkpoint name)
+
+
+@dataclass
+class Fault:
+    kind: str
+    when: Trigger
+    target: str = "triggering"
+    attempt: int = 0  # the launch it belongs to (0 = first); in torchrun mode, torchrun's restart count
+    grace_s: float = 10.0  # term: SIGKILL after this long
+    error: str = "oom"  # raise: the exception
+
+    @property
+    def family(self) -> str:
+        return FAULT_KINDS[self.kind][0]
+
+
+@dataclass
+class Recovery:
+    relaunch: str = "harness"
+    max_restarts: int = 1
+    world_size: int | None = None
+
+
+@dataclass
+class Expect:
+    trajectory: str = "bit-exact"
+    rel_tol: float = 0.03  # tolerance mode: relative loss difference per step
+    resume_from: str | None = None
+    max_lost_steps: int | None = None  # default: one checkpoint interval
+    job_fails: bool | None = None  # the faulted launch exits non-zero (default: not for term)
+    detect_within_s: float | None = None  # fault -> faulted launch gone
+    deadline_s: float = 300.0
+
+
+@dataclass
+class Scenario:
+    name: str
+    faults: list[Fault] = field(default_factory=list)
+    description: str = ""
+    tags: list[str] = field(default_factory=list)
+    suites: list[str] = field(default_factory=lambda: ["default"])
+    world_size: int = 2
+    trainer_module: str = "reference_trainer"
+    trainer: dict[str, Any] = field(default_factory=dict)
+    recovery: Recovery = field(default_factory=Recovery)
+    expect: Expect = field(default_factory=Expect)
+    source: str = "<python>"  # the file it came from, for messages
+
+    @property
+    def families(self) -> list[str]:
+        return sorted({f.family for f in self.faults})
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted({f.kind for f in self.faults})
+
+    def resumed_world_size(self) -> int:
+        return self.recovery.world_size or self.world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("source")
+        for f in d["faults"]:
+            f["when"] = {k: v for k, v in f["when"].items() if v is not None}
+        for part in ("recovery", "expect"):
+            d[part] = {k: v for k, v in d[part].items() if v is not None}
+        return d
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.to_dict())
+
+
+# ---- loading and validation --------------------------------------------------------------------
+
+def _error(source: str, key: str, problem: str, fix: str) -> ScenarioError:
+    return ScenarioError(f"{source}: {key}: {problem}; {fix}")
+
+
+def _take(cls, data: Any, source: str, key: str, required: tuple[str, ...] = ()):
+    """Build dataclass ``cls`` from a table, rejecting unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise _error(source, key, f"expected a table, found {type(data).__name__}", f"write [{key}] with keys")
+    allowed = {f.name: f for f in fields(cls) if f.name != "source"}
+    for k in data:
+        if k not in allowed:
+            raise _error(source, f"{key}.{k}" if key else k, "unknown key",
+                         f"allowed keys: {', '.join(sorted(allowed))}")
+    for k in required:
+        if k not in data:
+            raise _error(source, f"{key}.{k}" if key else k, "missing", "this key is required")
+    out = {}
+    for k, v in data.items():
+        expected = allowed[k].type
+        if not _type_ok(v, str(expected)):
+            raise _error(source, f"{key}.{k}" if key else k, f"wrong type {type(v).__name__} ({v!r})",
+                         f"expected {expected}")
+        out[k] = v
+    return out
+
+
+def _type_ok(value: Any, annotation: str) -> bool:
+    checks = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+              "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool),
+              "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+              "dict[str, Any]": lambda v: isinstance(v, dict)}
+    options = [a.strip() for a in annotation.split("|")]
+    return any(checks.get(o, lambda v: True)(value) for o in options if o != "None")
+
+
+def target_ranks(target: str, world_size: int, triggering: int | None = None) -> list[int]:
+    """The ranks a target names at this world size (``node:N``: every rank of the local node)."""
+    if target == "triggering":
+        return [] if triggering is None else [triggering]
+    if target == "all" or target.startswith("node:"):
+        return list(range(world_size))
+    if target == "majority":
+        return list(range(world_size // 2 + 1))
+    if target == "minority":
+        n = (world_size - 1) // 2
+        return list(range(world_size - n, world_size))
+    if target.startswith("rank:"):
+        return [int(target[5:])]
+    if target.startswith("ranks:"):
+        return sorted({int(x) for x in target[6:].split(",")})
+    raise ValueError(target)
+
+
+def _check_target(target: str, world_size: int, source: str, key: str) -> None:
+    fix = "use rank:N, ranks:A,B, all, majority, minority, node:0 or triggering"
+    try:
+        ranks = target_ranks(target, world_size, triggering=0)
+    except ValueError:
+        raise _error(source, key, f"unknown target {target!r}", fix) from None
+    if target.startswith("node:") and target != "node:0":
+        raise _error(source, key, f"{target!r}: the local backend runs one node", "use node:0")
+    if not ranks:
+        raise _error(source, key, f"{target!r} is empty at world size {world_size}", fix)
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise _error(source, key, f"rank {bad[0]} does not exist at world size {world_size}",
+                     f"use a rank in 0..{world_size - 1}")
+
+
+def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
+    """Build and validate a scenario from a parsed table."""
+    top = _take(Scenario, {k: v for k, v in data.items() if k not in ("faults", "recovery", "expect")}, source, "")
+    raw_faults = data.get("faults", [])
+    if not isinstance(raw_faults, list):
+        raise _error(source, "faults", "expected an array of tables", "write each fault as [[faults]]")
+    faults = []
+    for i, raw in enumerate(raw_faults):
+        key = f"faults[{i}]"
+        f = _take(Fault, raw, source, key, required=("kind", "when"))
+        if f["kind"] not in FAULT_KINDS:
+            raise _error(source, f"{key}.kind", f"unknown fault kind {f['kind']!r}",
+                         f"allowed kinds: {', '.join(FAULT_KINDS)}")
+        when = _take(Trigger, f["when"], source, f"{key}.when", required=("point",))
+        if when["point"] not in POINTS:
+            raise _error(source, f"{key}.when.point", f"unknown probe point {when['point']!r}",
+                         f"allowed points: {', '.join(POINTS)}")
+        if when.get("nth", 1) < 1:
+            raise _error(source, f"{key}.when.nth", "must be 1 or more", "count events from 1")
+        f["when"] = Trigger(**when)
+        if f.get("error", "oom") not in RAISE_ERRORS:
+            raise _error(source, f"{key}.error", f"unknown error {f['error']!r}", f"allowed: {', '.join(RAISE_ERRORS)}")
+        faults.append(Fault(**f))
+    recovery = Recovery(**_take(Recovery, data.get("recovery", {}), source, "recovery"))
+    expect = Expect(**_take(Expect, data.get("expect", {}), source, "expect"))
+    scenario = Scenario(name=top.pop("name", default_name), faults=faults, recovery=recovery, expect=expect,
+                        source=source, **top)
+    validate(scenario)
+    return scenario
+
+
+def validate(s: Scenario) -> None:
+    """Cross-field checks: targets exist, the trainer config is valid at every world size used."""
+    src = s.source
+    if s.world_size < 1:
+        raise _error(src, "world_size", f"{s.world_size} ranks", "use 1 or more")
+    if s.recovery.relaunch not in RELAUNCH:
+        raise _error(src, "recovery.relaunch", f"unknown mode {s.recovery.relaunch!r}", f"allowed: {', '.join(RELAUNCH)}")
+    if s.expect.trajectory not in TRAJECTORY:
+        raise _error(src, "expect.trajectory", f"unknown check {s.expect.trajectory!r}", f"allowed: {', '.join(TRAJECTORY)}")
+    if s.recovery.relaunch == "torchrun" and s.recovery.world_size not in (None, s.world_size):
+        raise _error(src, "recovery.world_size", "torchrun restarts keep the world size",
+                     "use relaunch = \"harness\" to resume at another world size")
+    if s.resumed_world_size() != s.world_size and s.expect.trajectory == "bit-exact":
+        raise _error(src, "expect.trajectory", "bit-exact across a world-size change",
+                     "use trajectory = \"tolerance\" (the README says why)")
+    for i, f in enumerate(s.faults):
+        _check_target(f.target, s.world_size, src, f"faults[{i}].target")
+        if f.when.rank is not None and not 0 <= f.when.rank < s.world_size:
+            raise _error(src, f"faults[{i}].when.rank", f"rank {f.when.rank} does not exist at world size "
+                         f"{s.world_size}", f"use a rank in 0..{s.world_size - 1}")
+        if f.kind == "raise" and f.target not in ("triggering", f"rank:{f.when.rank}"):
+            raise _error(src, f"faults[{i}].target", "a raise happens inside the rank whose event fired",
+                         "use target = \"triggering\" (and when.rank to choose the rank)")
+        if f.kind == "term" and f.grace_s <= 0:
+            raise _error(src, f"faults[{i}].grace_s", f"{f.grace_s}", "use a positive grace period")
+        if f.attempt > s.recovery.max_restarts:
+            raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
+                         f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
+    if s.trainer_module == "reference_trainer" or s.trainer_module.startswith("tests.planted."):
+        from reference_trainer.config import ConfigError, TrainConfig
+
+        names = {f.name for f in fields(TrainConfig)}
+        for k in s.trainer:
+            if k not in names:
+                raise _error(src, f"trainer.{k}", "not a TrainConfig field",
+                             "see reference_trainer/config.py for the fields")
+            if k == "run_dir":
+                raise _error(src, "trainer.run_dir", "set by the harness", "remove it")
+        try:
+            cfg = TrainConfig(**s.trainer)
+            for world in {s.world_size, s.resumed_world_size()}:
+                cfg.validate(world)
+        except (ConfigError, TypeError) as e:
+            raise _error(src, "trainer", str(e), "fix the trainer table or the world sizes") from None
+
+
+def load(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{path}: not valid TOML: {e}; fix the syntax") from None
+    except OSError as e:
+        raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
+    return from_dict(data, str(path), path.stem)
+
+
+def catalogue(root: str | Path) -> list[Scenario]:
+    """Every scenario file under ``root``, sorted by name; the first invalid file raises."""
+    scenarios = [load(p) for p in sorted(Path(root).rglob("*.toml"))]
+    seen: dict[str, str] = {}
+    for s in scenarios:
+        if s.name in seen:
+            raise ScenarioError(f"{s.source}: name: {s.name!r} is also used by {seen[s.name]}; names must be unique")
+        seen[s.name] = s.source
+    return sorted(scenarios, key=lambda s: s.name)
