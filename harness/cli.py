@@ -4,8 +4,106 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import time
 from pathlib import Path
+
+from .launcher import REPO_ROOT
+
+SCENARIO_DIR = REPO_ROOT / "scenarios"
+REPORTS_DIR = REPO_ROOT / "reports"
+
+
+def _select(args: argparse.Namespace):
+    """Scenarios named on the command line (names or files), else the suite's; errors exit 2."""
+    from .scenario import ScenarioError, catalogue, load
+
+    try:
+        everything = catalogue(args.scenarios_dir)
+        by_name = {s.name: s for s in everything}
+        if args.scenario:
+            chosen = []
+            for ref in args.scenario:
+                if ref in by_name:
+                    chosen.append(by_name[ref])
+                elif Path(ref).is_file():
+                    chosen.append(load(ref))
+                else:
+                    raise ScenarioError(f"{ref}: no scenario of that name in {args.scenarios_dir} and no such file; "
+                                        "`ckpt-chaos list` shows the names")
+        else:
+            chosen = [s for s in everything if args.suite in s.suites]
+    except ScenarioError as e:
+        print(f"ckpt-chaos: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    if getattr(args, "k", None):
+        chosen = [s for s in chosen if args.k in s.name or args.k in s.tags or args.k in s.kinds]
+    return chosen
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    for s in _select(args):
+        labels = " ".join(s.families + s.kinds + s.tags)
+        print(f"{s.name:<44} [{labels}]  {s.description}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import results
+    from .runner import run_scenario
+
+    chosen = _select(args)
+    if not chosen:
+        print("ckpt-chaos: no scenario selected", file=sys.stderr)
+        return 2
+    console = Console()
+    suite = "custom" if args.scenario else args.suite
+    out = results.suite_dir(Path(args.reports), suite)
+    console.print(f"ckpt-chaos: {len(chosen)} scenario(s) of suite [bold]{suite}[/], results in {out}")
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    rows, started = [], time.monotonic()
+    colour = {"pass": "green", "fail": "red", "skipped": "yellow"}
+    try:
+        for i, s in enumerate(chosen, 1):
+            with console.status(f"[{i}/{len(chosen)}] {s.name}"):
+                r = run_scenario(s, out, Path(args.golden_dir))
+            rows.append(r.to_dict())
+            console.print(f"[{i}/{len(chosen)}] [{colour[r.verdict]}]{r.verdict:<7}[/] {s.name}  "
+                          f"({r.wall_s:.0f}s){'  ' + r.reason if r.reason else ''}")
+    except KeyboardInterrupt:
+        console.print("[red]interrupted: every process of the running scenario was killed[/]")
+        results.write(out, suite, rows, time.monotonic() - started)
+        return 130
+    wall = time.monotonic() - started
+    html = results.write(out, suite, rows, wall)
+    t = Table(title=f"suite {suite}: {wall:.0f}s")
+    for col in ("scenario", "verdict", "lost", "detect s", "recover s", "save s"):
+        t.add_column(col)
+    for r in rows:
+        f = lambda v, d=1: "" if v is None else f"{v:.{d}f}"
+        t.add_row(r["scenario"], f"[{colour[r['verdict']]}]{r['verdict']}[/]", str(r["steps_lost"] or 0),
+                  f(r["time_to_detect_s"]), f(r["time_to_recover_s"]), f(r["save_s"], 3))
+    console.print(t)
+    console.print(f"report: {html}")
+    return 1 if any(r["verdict"] == "fail" for r in rows) else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Re-run the checkers over a stored scenario run, without running anything."""
+    from .runner import evaluate
+    from .scenario import load
+
+    run_dir = Path(args.run_dir)
+    s = load(run_dir / "scenario.toml")
+    r = evaluate(s, run_dir, (run_dir / "golden").resolve())
+    for c in r.checks:
+        print(f"{c['verdict']:<5} {c['name']}: {c['detail']}")
+    print(f"verdict: {r.verdict}")
+    return 1 if r.verdict == "fail" else 0
 
 
 def cmd_ckpts(args: argparse.Namespace) -> int:
@@ -40,6 +138,26 @@ def parser() -> argparse.ArgumentParser:
         prog="ckpt-chaos",
         description="Fault-injection and resilience tests for distributed-training checkpoint/resume.")
     sub = p.add_subparsers(dest="command", required=True)
+
+    def selection(c: argparse.ArgumentParser) -> None:
+        c.add_argument("scenario", nargs="*", help="scenario names or files (default: the suite)")
+        c.add_argument("--suite", default="default", help="suite to run when no scenario is named")
+        c.add_argument("-k", help="keep scenarios whose name, tags or fault kinds contain this")
+        c.add_argument("--scenarios-dir", default=str(SCENARIO_DIR))
+
+    c = sub.add_parser("list", help="list scenarios with their labels and descriptions")
+    selection(c)
+    c.set_defaults(func=cmd_list)
+
+    c = sub.add_parser("run", help="run scenarios; exit status 1 when any fails")
+    selection(c)
+    c.add_argument("--reports", default=str(REPORTS_DIR), help="where results are written")
+    c.add_argument("--golden-dir", default=str(REPO_ROOT / "runs" / "golden"), help="cache of fault-free runs")
+    c.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("check", help="re-check a stored scenario run (reports/<suite>/<time>/<scenario>)")
+    c.add_argument("run_dir")
+    c.set_defaults(func=cmd_check)
 
     c = sub.add_parser("ckpts", help="list a run's checkpoints and validate each (manifest, sizes, checksums)")
     c.add_argument("dir", help="a run directory or its checkpoints/ directory")

@@ -1,0 +1,388 @@
+"""What must hold: checks over a stored run (history, trajectory, trainer events, golden run).
+
+Each check returns ``pass`` or ``fail`` with a sentence that says what was seen; the run's
+verdict is the worst of them. Checks read only files, so a stored run can be re-checked later
+(``ckpt-chaos check RUN_DIR``) without running anything again.
+
+A save killed mid-write is an indeterminate operation: the checks accept the old or the new
+checkpoint as the resume point (whichever validates after the crash), never a mix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .history import final_state, read_history, trajectory, trajectory_records, trainer_events
+from .scenario import Scenario
+
+EXACT_FIELDS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_seen")
+COMPONENTS = ("model", "optimizer", "scheduler", "counters", "dataloader", "rng", "grads")
+# After a world-size change the per-rank RNG streams are reseeded by design (README).
+WORLD_CHANGE_EXEMPT = ("rng",)
+
+
+@dataclass
+class Check:
+    name: str
+    verdict: str  # pass | fail
+    detail: str
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    launches: int = 0
+    steps_lost: int | None = None
+    time_to_detect_s: float | None = None
+    time_to_recover_s: float | None = None
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if any(c.verdict == "fail" for c in self.checks) else "pass"
+
+    @property
+    def reason(self) -> str:
+        failed = [c for c in self.checks if c.verdict == "fail"]
+        return "; ".join(f"{c.name}: {c.detail}" for c in failed)
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append(Check(name, "pass" if ok else "fail", detail))
+
+
+@dataclass
+class Run:
+    """Everything a stored run says, indexed for the checks."""
+
+    s: Scenario
+    dir: Path
+    golden: Path
+    history: list[dict]
+    events: list[dict]
+
+    @classmethod
+    def load(cls, s: Scenario, run_dir: Path, golden: Path) -> "Run":
+        return cls(s, run_dir, golden, read_history(run_dir), trainer_events(run_dir))
+
+    def harness(self, kind: str) -> list[dict]:
+        return [h for h in self.history if h["source"] == "harness" and h["kind"] == kind]
+
+    def trainer(self, kind: str, launch: int | None = None) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind and (launch is None or e.get("attempt") == launch)]
+
+    def launches(self) -> list[int]:
+        ids = {h["launch"] for h in self.harness("launch")} | {e.get("attempt", 0) for e in self.events}
+        return sorted(ids)
+
+    def last_step(self, launch: int) -> int:
+        steps = [r["step"] for r in trajectory_records(self.dir) if r.get("attempt") == launch]
+        return max(steps, default=0)
+
+    def resume_point(self, launch: int) -> tuple[str | None, int] | None:
+        """(checkpoint name or None for a fresh start, step) that a launch began from."""
+        loads = self.trainer("loaded", launch)
+        if loads:
+            return loads[0]["name"], loads[0]["step"]
+        if self.trainer("fresh_start", launch):
+            return None, 0
+        return None
+
+    def exit_of(self, launch: int) -> dict | None:
+        return next((h for h in self.harness("exit") if h["launch"] == launch), None)
+
+
+def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] | None = None) -> Report:
+    run = Run.load(s, run_dir, golden)
+    report = Report(launches=len(run.launches()))
+    _harness_health(run, report, harness_errors or [])
+    _faults_fired(run, report)
+    _completion(run, report)
+    _fault_effects(run, report)
+    _trajectory(run, report)
+    _loaded_equals_saved(run, report)
+    _resume_choice(run, report)
+    _crash_states(run, report)
+    _lost_work(run, report)
+    _final_directory(run, report)
+    _timings(run, report)
+    return report
+
+
+# ---- the checks ---------------------------------------------------------------------------------
+
+def _harness_health(run: Run, report: Report, errors: list[str]) -> None:
+    deadlines = run.harness("deadline")
+    if deadlines:
+        d = deadlines[0]
+        report.add("no_hang", False, f"launch {d['launch']} was still running after the scenario deadline of "
+                   f"{d['deadline_s']:.0f}s; the harness killed it (the job hung instead of failing)")
+    else:
+        report.add("no_hang", True, "every launch ended before the deadline")
+    errors = errors + [h["error"] for h in run.harness("error")]
+    report.add("harness_ok", not errors, "; ".join(dict.fromkeys(errors)) or "no harness errors")
+
+
+def _faults_fired(run: Run, report: Report) -> None:
+    fired = {h["index"] for h in run.harness("fault")}
+    for i, f in enumerate(run.s.faults):
+        t = {k: v for k, v in vars(f.when).items() if v is not None}
+        report.add(f"fault_{i}_fired", i in fired,
+                   f"{f.kind} {f.target} fired at {t}" if i in fired else
+                   f"{f.kind} {f.target} never fired: no probe event of launch {f.attempt} matched {t}; "
+                   f"check faults[{i}].when against the points the trainer reports (history.jsonl)")
+
+
+def _completion(run: Run, report: Report) -> None:
+    final = final_state(run.dir)
+    exits = run.harness("exit")
+    last_rc = exits[-1]["rc"] if exits else None
+    ok = final is not None and bool(run.trainer("finished")) and last_rc == 0
+    report.add("job_completed", ok, f"training finished after {report.launches} launch(es)" if ok else
+               f"training did not finish (last launch exit status {last_rc}); see torchrun.log")
+
+
+def _fault_effects(run: Run, report: Report) -> None:
+    """The faulted launch failed (kill/stop/raise) or stopped cleanly with an emergency save (term)."""
+    for h in run.harness("fault"):
+        fault = run.s.faults[h["index"]]
+        launch = h["launch"]
+        ex = run.exit_of(launch)
+        if fault.kind == "term":
+            stops = [e for e in run.trainer("stopped", launch) if e.get("reason") == "preempt"]
+            in_grace = not (ex and ex.get("grace_expired"))
+            ok = bool(stops) and in_grace
+            detail = (f"emergency checkpoint at step {stops[0]['step']}+{stops[0]['micro']} micro-batches in "
+                      f"{stops[0]['save_s']:.2f}s, inside the {fault.grace_s:.0f}s grace period" if ok else
+                      "no emergency checkpoint before the grace period ran out" if stops or not in_grace else
+                      "the job did not stop with an emergency checkpoint after SIGTERM")
+            report.add(f"fault_{h['index']}_preemption_handled", ok, detail)
+            continue
+        expect_fail = run.s.expect.job_fails if run.s.expect.job_fails is not None else True
+        if ex is None or run.s.recovery.relaunch == "torchrun":
+            later = [x for x in run.launches() if x > launch]
+            report.add(f"fault_{h['index']}_job_failed", bool(later) == expect_fail,
+                       "torchrun restarted the workers" if later else "no restart followed the fault")
+            continue
+        failed = ex["rc"] != 0
+        report.add(f"fault_{h['index']}_job_failed", failed == expect_fail,
+                   f"launch {launch} exited with status {ex['rc']}"
+                   + ("" if failed == expect_fail else f" (expected {'failure' if expect_fail else 'success'})"))
+
+
+def _diagnose(run: Run, step: int, fields_: list[str]) -> str:
+    """Why the trajectory diverges at ``step``: which part of the loaded state is not the saved one."""
+    what = ", ".join(fields_)
+    head = f"trajectory diverges at step {step} ({what})"
+    if "batch_digest" in fields_:
+        head += ": the job trained on different samples than the golden run"
+    loads = [e for e in run.trainer("loaded") if e["step"] < step]
+    if not loads:
+        return head + ", before any resume: the fault changed training itself, or the trainer is not deterministic"
+    load = max(loads, key=lambda e: (e["step"], e.get("t", 0)))
+    where = f"; it is the first step after resuming from {load['name']} (launch {load.get('attempt')})"
+    diff, same = _component_diff(load, exempt=_exempt(load))
+    if diff:
+        return (head + where + f"; after that load the {', '.join(diff)} state differs from the state saved"
+                + (f" ({', '.join(same)} identical)" if same else ""))
+    golden_saved = {e["name"]: e.get("digests") for e in trainer_events(run.golden, "saved")}
+    saved = load.get("saved_digests") or {}
+    if load["name"] in golden_saved and golden_saved[load["name"]] and saved:
+        gdiff = [k for k in COMPONENTS if k in saved and saved.get(k) != golden_saved[load["name"]].get(k)]
+        if gdiff:
+            return (head + where + f"; the checkpoint was already wrong when saved: its {', '.join(gdiff)} state "
+                    "differs from the golden run's at the same step")
+    if not saved:
+        return head + where + "; the trainer records no component digests, so the cause cannot be narrowed down"
+    return (head + where + "; the state loaded equals the state saved in every recorded component, so the cause "
+            "is something the checkpoint does not capture")
+
+
+def _exempt(load: dict) -> tuple[str, ...]:
+    return WORLD_CHANGE_EXEMPT if load.get("saved_world_size", load.get("world_size")) != load.get("world_size") else ()
+
+
+def _component_diff(load: dict, exempt: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    got, saved = load.get("digests") or {}, load.get("saved_digests") or {}
+    keys = [k for k in COMPONENTS if (k in got or k in saved) and k not in exempt]
+    diff = [k for k in keys if got.get(k) != saved.get(k)]
+    return diff, [k for k in keys if k not in diff]
+
+
+def _trajectory(run: Run, report: Report) -> None:
+    gold, got = trajectory(run.golden), trajectory(run.dir)
+    missing = sorted(set(gold) - set(got))
+    if missing:
+        report.add("trajectory", False, f"steps {missing[0]}..{missing[-1]} of the golden run were never trained")
+        return
+    if run.s.expect.trajectory == "bit-exact":
+        diffs = [(step, [k for k in EXACT_FIELDS if gold[step].get(k) != got[step].get(k)]) for step in sorted(gold)]
+        diffs = [(step, ks) for step, ks in diffs if ks]
+        if diffs:
+            report.add("trajectory", False, _diagnose(run, *diffs[0]))
+        else:
+            report.add("trajectory", True, f"{len(gold)} steps identical to the golden run, bit for bit")
+        gf, f = final_state(run.golden), final_state(run.dir)
+        if gf and f:
+            same = gf["state_digest"] == f["state_digest"]
+            parts = [k for k in gf.get("digests", {}) if gf["digests"][k] != f.get("digests", {}).get(k)]
+            report.add("final_state", same, "final model + optimizer digest equals the golden run's" if same else
+                       f"final state differs from the golden run's in: {', '.join(parts) or 'model/optimizer'}")
+        return
+    tol = run.s.expect.rel_tol
+    worst, worst_step = 0.0, None
+    for step in sorted(gold):
+        if gold[step]["batch_digest"] != got[step]["batch_digest"]:
+            report.add("trajectory", False, _diagnose(run, step, ["batch_digest"]))
+            return
+        rel = abs(gold[step]["loss"] - got[step]["loss"]) / max(abs(gold[step]["loss"]), 1e-12)
+        if rel > worst:
+            worst, worst_step = rel, step
+    ok = worst <= tol
+    report.add("trajectory", ok, f"same samples at every step; largest relative loss difference {worst:.3%} "
+               f"(step {worst_step}), tolerance {tol:.1%}" if ok else
+               _diagnose(run, worst_step, [f"loss off by {worst:.2%} > {tol:.1%}"]))
+
+
+def _loaded_equals_saved(run: Run, report: Report) -> None:
+    for load in run.trainer("loaded"):
+        diff, same = _component_diff(load, exempt=_exempt(load))
+        if not (load.get("digests") and load.get("saved_digests")):
+            continue
+        report.add(f"loaded_equals_saved@{load['name']}", not diff,
+                   f"state loaded from {load['name']} differs from the state saved in: {', '.join(diff)} "
+                   f"({', '.join(same)} identical)" if diff else
+                   f"{', '.join(same)} identical to the state saved" + (
+                       " (RNG reseeded: world size changed)" if _exempt(load) else ""))
+
+
+def _resume_choice(run: Run, report: Report) -> None:
+    """Each relaunch resumed from the newest checkpoint that validates after the crash, never a torn one."""
+    first = True
+    for launch in run.launches()[1:]:
+        point = run.resume_point(launch)
+        if point is None:
+            continue
+        name, _ = point
+        if first and run.s.expect.resume_from is not None:
+            ok = name == run.s.expect.resume_from
+            report.add("resume_from", ok, f"launch {launch} resumed from {name or 'scratch'}"
+                       + ("" if ok else f", expected {run.s.expect.resume_from}"))
+        first = False
+        before = run.exit_of(launch - 1)
+        if before is None:  # torchrun restarts: no snapshot between launches
+            continue
+        snap = before["snapshot"]
+        newest = snap["newest_valid"]
+        ok = name == newest
+        report.add(f"resumed_newest_valid@{launch}", ok,
+                   f"launch {launch} resumed from {name or 'scratch'}, the newest valid checkpoint after the crash"
+                   if ok else f"launch {launch} resumed from {name or 'scratch'} but the newest valid checkpoint "
+                   f"after the crash was {newest or 'none'}")
+        if name is not None:
+            reason = snap["checkpoints"].get(name, "it did not exist")
+            report.add(f"never_loaded_torn@{launch}", reason is None,
+                       f"{name} validated after the crash" if reason is None else
+                       f"launch {launch} loaded {name} although it was not a valid checkpoint: {reason}")
+
+
+def _crash_states(run: Run, report: Report) -> None:
+    """At every crash: `latest` names a valid checkpoint, and no committed checkpoint was lost."""
+    committed = [e for e in run.trainer("committed")]
+    retention = run.trainer("retention")
+    for ex in run.harness("exit"):
+        if ex["rc"] == 0 and run.trainer("finished", ex["launch"]):
+            continue
+        snap = ex["snapshot"]
+        latest = snap.get("latest")
+        if latest is not None:
+            reason = snap["checkpoints"].get(latest, "it does not exist")
+            report.add(f"latest_valid@{ex['launch']}", reason is None,
+                       f"`latest` names {latest}, a valid checkpoint" if reason is None else
+                       f"after launch {ex['launch']} died, `latest` named {latest}, which was not a valid "
+                       f"checkpoint ({reason}): the pointer moved before the checkpoint was durable")
+        before = [c for c in committed if c.get("t", 0) <= ex["t"] and c.get("attempt") == ex["launch"]]
+        before = before or [c for c in committed if c.get("t", 0) <= ex["t"]]
+        if not before:
+            continue
+        last = before[-1]["name"]
+        valid = [n for n, r in snap["checkpoints"].items() if r is None]
+        ok = last in valid or any(n > last for n in valid)
+        if ok:
+            report.add(f"committed_survives@{ex['launch']}", True,
+                       f"{last}, the newest checkpoint committed before the crash, or a newer one is valid")
+        else:
+            deleted = [r for r in retention if last in r.get("deleted", [])]
+            why = (f"; retention deleted it while the next save had not committed" if deleted else "")
+            report.add(f"committed_survives@{ex['launch']}", False,
+                       f"{last} was committed before the crash but is not valid after it, and nothing newer is"
+                       f" ({snap['checkpoints'].get(last, 'gone')}){why}")
+
+
+def _lost_work(run: Run, report: Report) -> None:
+    s = run.s
+    interval = int(s.trainer.get("ckpt_every_steps", 0) or 0)
+    preempted = any(f.kind == "term" for f in s.faults)
+    limit = s.expect.max_lost_steps
+    if limit is None:
+        limit = 0 if preempted else (interval or None)
+    total = 0
+    for launch in run.launches()[1:]:
+        point = run.resume_point(launch)
+        if point is None:
+            continue
+        lost = max(0, run.last_step(launch - 1) - point[1])
+        total += lost
+        if limit is not None:
+            report.add(f"lost_work@{launch}", lost <= limit,
+                       f"launch {launch - 1} reached step {run.last_step(launch - 1)}, launch {launch} resumed at "
+                       f"step {point[1]}: {lost} step(s) lost, at most {limit} allowed")
+    report.steps_lost = total if report.launches > 1 else 0
+
+
+def _final_directory(run: Run, report: Report) -> None:
+    exits = run.harness("exit")
+    if not exits or exits[-1]["rc"] != 0:
+        return
+    snap = exits[-1]["snapshot"]
+    report.add("no_strays", not snap["strays"], "no temporary or trash directories left" if not snap["strays"]
+               else f"left behind after recovery: {', '.join(snap['strays'])}")
+    keep_last = int(run.s.trainer.get("keep_last", 3))
+    keep_every = int(run.s.trainer.get("keep_every", 0) or 0)
+    keep_best = bool(run.s.trainer.get("keep_best", False))
+    names = sorted(snap["checkpoints"])
+    from reference_trainer.checkpoint import parse_name
+
+    def milestone(n: str) -> bool:
+        step, micro = parse_name(n)
+        return keep_every > 0 and micro == 0 and step % keep_every == 0
+
+    others = [n for n in names if not milestone(n)]
+    allowed = keep_last + (1 if keep_best else 0)
+    ok = len(others) <= allowed and (not names or snap["newest_valid"] == names[-1])
+    report.add("retention", ok, f"{len(names)} checkpoint(s) kept, {len(others)} outside milestones (limit {allowed})"
+               if ok else f"kept {names}: more than keep_last={keep_last} outside milestones, or the newest is invalid")
+
+
+def _timings(run: Run, report: Report) -> None:
+    faults = run.harness("fault")
+    if not faults:
+        return
+    f0 = faults[0]
+    launch = f0["launch"]
+    ex = run.exit_of(launch)
+    if ex is not None and run.s.recovery.relaunch != "torchrun":
+        report.time_to_detect_s = ex["t"] - f0["t"]
+    else:
+        starts = [h for h in run.history if h["source"] == "probe" and h["kind"] == "train.start"
+                  and h["launch"] > launch]
+        if starts:
+            report.time_to_detect_s = starts[0]["t"] - f0["t"]
+    target = run.last_step(launch)
+    back = [h for h in run.history if h["source"] == "probe" and h["kind"] == "step.end" and h["launch"] > launch
+            and h["info"].get("step", 0) >= target]
+    if back:
+        report.time_to_recover_s = back[0]["t"] - f0["t"]
+    limit = run.s.expect.detect_within_s
+    if limit is not None and report.time_to_detect_s is not None:
+        report.add("detected_in_time", report.time_to_detect_s <= limit,
+                   f"the faulted launch ended {report.time_to_detect_s:.1f}s after the fault (limit {limit:.0f}s)")
