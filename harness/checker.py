@@ -148,6 +148,11 @@ def _fault_effects(run: Run, report: Report) -> None:
         launch = h["launch"]
         ex = run.exit_of(launch)
         if fault.kind == "term":
+            later = [x for x in run.harness("fault") if x["launch"] == launch and x["t"] > h["t"]]
+            if later:  # the scenario broke the emergency save on purpose
+                report.add(f"fault_{h['index']}_preemption_handled", True,
+                           f"not expected: fault {later[0]['index']} ({later[0]['fault']}) interrupted the emergency save")
+                continue
             stops = [e for e in run.trainer("stopped", launch) if e.get("reason") == "preempt"]
             in_grace = not (ex and ex.get("grace_expired"))
             ok = bool(stops) and in_grace
@@ -269,7 +274,7 @@ def _resume_choice(run: Run, report: Report) -> None:
                        + ("" if ok else f", expected {run.s.expect.resume_from}"))
         first = False
         before = run.exit_of(launch - 1)
-        if before is None:  # torchrun restarts: no snapshot between launches
+        if before is None or run.s.recovery.relaunch == "torchrun":  # no snapshot between torchrun restarts
             continue
         snap = before["snapshot"]
         newest = snap["newest_valid"]
@@ -370,7 +375,13 @@ def _timings(run: Run, report: Report) -> None:
     f0 = faults[0]
     launch = f0["launch"]
     ex = run.exit_of(launch)
-    if ex is not None and run.s.recovery.relaunch != "torchrun":
+    victims = {pid for h in faults if h["fault"] == "kill" for pid in h.get("pids", [])}
+    # Detection: the first rank that the nemesis did not kill exits (it noticed), or the launch ends.
+    noticed = [h for h in run.harness("rank_exit") if h["launch"] == launch and h["pid"] not in victims
+               and h["t"] >= f0["t"]]
+    if noticed:
+        report.time_to_detect_s = noticed[0]["t"] - f0["t"]
+    elif ex is not None and run.s.recovery.relaunch != "torchrun":
         report.time_to_detect_s = ex["t"] - f0["t"]
     else:
         starts = [h for h in run.history if h["source"] == "probe" and h["kind"] == "train.start"

@@ -24,17 +24,20 @@ class Generator:
         self.fired: dict[int, dict] = {}  # fault index -> the event it fired on
         self._matches: dict[int, int] = defaultdict(int)
         self._saves: dict[tuple[int, int], int] = defaultdict(int)  # (launch, rank) -> saves begun
+        self._saving: dict[tuple[int, int], str] = {}  # (launch, rank) -> name of the save in progress
 
     def observe(self, event: dict) -> list[tuple[int, Fault]]:
         """The faults that fire on this event (usually none)."""
         launch, rank = launch_of(event), event["rank"]
         if event["point"] == "ckpt.stage":
             self._saves[(launch, rank)] += 1
+            self._saving[(launch, rank)] = event.get("info", {}).get("name")
         due = []
         for i, fault in enumerate(self.faults):
             if i in self.fired or fault.attempt != launch:
                 continue
-            if not self._matches_trigger(fault.when, event, self._saves[(launch, rank)]):
+            if not self._matches_trigger(fault.when, event, self._saves[(launch, rank)],
+                                         self._saving.get((launch, rank))):
                 continue
             self._matches[i] += 1
             if self._matches[i] == fault.when.nth:
@@ -43,12 +46,13 @@ class Generator:
         return due
 
     @staticmethod
-    def _matches_trigger(t: Trigger, event: dict, saves_begun: int) -> bool:
+    def _matches_trigger(t: Trigger, event: dict, saves_begun: int, saving: str | None) -> bool:
         info = event.get("info", {})
+        name = info.get("name", saving)  # shard events belong to the save in progress
         return (event["point"] == t.point
                 and (t.rank is None or event["rank"] == t.rank)
                 and (t.step is None or info.get("step") == t.step)
-                and (t.name is None or info.get("name") == t.name)
+                and (t.name is None or name == t.name)
                 and (t.save is None or saves_begun == t.save)
                 and (t.min_fraction is None or info.get("fraction", 0.0) >= t.min_fraction))
 

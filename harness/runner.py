@@ -24,6 +24,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
 from filelock import FileLock
 
 from . import checker
@@ -121,6 +122,13 @@ def golden_run(module: str, cfg: dict, world_size: int, root: Path = DEFAULT_GOL
 
 # ---- the chaos run --------------------------------------------------------------------------
 
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 class ChaosRun:
     """The state of one chaos run while it goes: launches, faults fired, snapshots."""
 
@@ -157,8 +165,9 @@ class ChaosRun:
         answer = None
         for index, fault in self.generator.observe(event):
             snap = snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
+            fired_at = time.time()
             act, record = self.nemesis.fire(fault, event)
-            self.history.add("harness", "fault", index=index, fault=fault.kind, target=fault.target,
+            self.history.add("harness", "fault", t=fired_at, index=index, fault=fault.kind, target=fault.target,
                              launch=launch_of(event), at={"point": event["point"], "rank": event["rank"],
                                                           "info": event.get("info", {})},
                              snapshot_before=snap, **record)
@@ -184,7 +193,7 @@ class ChaosRun:
                                  mode=mode)
                 rc = None
                 try:
-                    rc = job.wait(max(0.0, deadline - time.monotonic()))
+                    rc = self._watch(job, deadline)
                 finally:
                     timed_out = rc is None
                     job.kill()
@@ -197,6 +206,32 @@ class ChaosRun:
                     break
                 if self._finished():
                     break
+
+    def _watch(self, job: Job, deadline: float) -> int | None:
+        """Wait for the launch to end (None at the deadline), noting when each rank's process dies.
+
+        The first death of a rank the nemesis did not kill is when the job noticed the fault;
+        torchrun may take much longer to tear the rest down (it waits for stopped workers)."""
+        seen: dict[int, psutil.Process] = {}
+        while time.monotonic() < deadline:
+            rc = job.wait(0.1)
+            with self.lock:
+                pids = dict(self.pids)
+            for rank, pid in pids.items():
+                if pid not in seen:
+                    try:
+                        seen[pid] = psutil.Process(pid)
+                    except psutil.NoSuchProcess:
+                        seen[pid] = None
+                        self.history.add("harness", "rank_exit", launch=self.launch_no, rank=rank, pid=pid)
+                        continue
+                proc = seen[pid]
+                if proc is not None and not _alive(proc):
+                    seen[pid] = None
+                    self.history.add("harness", "rank_exit", launch=self.launch_no, rank=rank, pid=pid)
+            if rc is not None:
+                return rc
+        return None
 
     def _finished(self) -> bool:
         return any(e.get("event") == "finished" for e in trainer_events(self.run_dir, "finished"))

@@ -81,7 +81,7 @@ class Trigger:
     step: int | None = None  # info["step"] equals this
     save: int | None = None  # inside the save-th save (ckpt.stage count) of this rank in this launch
     min_fraction: float | None = None  # ckpt.shard.write: info["fraction"] >= this
-    name: str | None = None  # info["name"] equals this (a checkpoint name)
+    name: str | None = None  # the checkpoint being saved or loaded has this name
 
 
 @dataclass
@@ -290,13 +290,16 @@ def validate(s: Scenario) -> None:
     if s.trainer_module == "reference_trainer" or s.trainer_module.startswith("tests.planted."):
         from reference_trainer.config import ConfigError, TrainConfig
 
-        names = {f.name for f in fields(TrainConfig)}
-        for k in s.trainer:
-            if k not in names:
+        defaults = TrainConfig().to_dict()
+        for k, v in s.trainer.items():
+            if k not in defaults:
                 raise _error(src, f"trainer.{k}", "not a TrainConfig field",
                              "see reference_trainer/config.py for the fields")
             if k == "run_dir":
                 raise _error(src, "trainer.run_dir", "set by the harness", "remove it")
+            want = type(defaults[k])
+            if not _type_ok(v, {int: "int", float: "float", bool: "bool", str: "str"}.get(want, "any")):
+                raise _error(src, f"trainer.{k}", f"wrong type {type(v).__name__} ({v!r})", f"expected {want.__name__}")
         try:
             cfg = TrainConfig(**s.trainer)
             for world in {s.world_size, s.resumed_world_size()}:

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
 from harness import probe
@@ -293,7 +294,7 @@ class CheckpointManager:
         if use_async:
             try:
                 future = dcp.async_save(state, storage_writer=writer, process_group=self.async_group)
-            except Exception as e:  # staging failed: nothing in flight
+            except (Exception, CheckpointException) as e:  # staging failed: nothing in flight
                 return self._failed(name, reason, e)
             stall = time.perf_counter() - started
             self.pending = _Pending(future, name, progress, loss, digests, started, stall)
@@ -302,7 +303,7 @@ class CheckpointManager:
         error: BaseException | None = None
         try:
             dcp.save(state, storage_writer=writer)
-        except Exception as e:
+        except (Exception, CheckpointException) as e:  # CheckpointException is a BaseException
             error = e
         if self.rank == 0 and error is None:
             try:
@@ -336,7 +337,7 @@ class CheckpointManager:
             pending.future.result()
             if self.rank == 0:
                 self._commit(pending.name, pending.progress, pending.loss, pending.digests)
-        except Exception as e:
+        except (Exception, CheckpointException) as e:
             self._failed(pending.name, "async", e)
             return
         total = time.perf_counter() - pending.started

@@ -100,7 +100,19 @@ def init_distributed(cfg: TrainConfig) -> tuple[int, int, torch.device]:
         backend = "cpu:gloo,cuda:nccl"  # gloo for DCP's CPU-side collectives and async saves
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.collective_timeout_s))
+    timeout = timedelta(seconds=cfg.collective_timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun keeps one store across its restarts (--max-restarts) and, in torch 2.13, workers
+        # of a restarted group read their peers' addresses under the same keys as the dead group:
+        # gloo then connects to stale ports ("Connection refused"). A prefix per restart fixes it.
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                             timeout=timeout)
+        store = dist.PrefixStore(f"reference_trainer/restart_{restart}", base)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
     return dist.get_rank(), dist.get_world_size(), device
 
 

@@ -1,0 +1,71 @@
+"""The harness catches real checkpointing bugs: planted-bug trainers fail scenarios that the
+reference trainer passes, with a diagnosis that names the broken part."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.launcher import REPO_ROOT
+from harness.runner import run_scenario
+from harness.scenario import load
+
+pytestmark = pytest.mark.slow
+
+SCENARIOS = REPO_ROOT / "scenarios" / "process"
+
+
+@pytest.fixture(scope="session")
+def golden_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("golden")
+
+
+def run(tmp_path, golden_root, scenario_file: str, module: str = "reference_trainer"):
+    s = dataclasses.replace(load(SCENARIOS / scenario_file), trainer_module=module)
+    return run_scenario(s, tmp_path, golden_root)
+
+
+def failed(result) -> dict[str, str]:
+    return {c["name"]: c["detail"] for c in result.checks if c["verdict"] == "fail"}
+
+
+def test_reference_trainer_passes_a_mid_write_kill(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml")
+    assert r.verdict == "pass", r.reason
+    assert r.steps_lost == 4 and r.launches == 2
+    assert r.time_to_detect_s is not None and r.time_to_recover_s > r.time_to_detect_s
+
+
+def test_rng_not_saved_is_caught_and_named(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml", "tests.planted.rng_not_saved")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "trajectory diverges at step 5" in bad["trajectory"]
+    assert "first step after resuming from step_00000004" in bad["trajectory"]
+    assert "the rng state differs from the state saved" in bad["trajectory"]
+    assert "model, optimizer, scheduler, counters, dataloader identical" in bad["trajectory"]
+
+
+def test_loader_position_not_restored_is_caught_and_named(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-node-mid-training.toml", "tests.planted.loader_not_restored")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "trained on different samples" in bad["trajectory"]
+    assert "the dataloader state differs from the state saved" in bad["trajectory"]
+
+
+def test_latest_moved_before_durable_is_caught_and_named(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-after-manifest-before-rename.toml", "tests.planted.latest_before_durable")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "`latest` named step_00000008, which was not a valid checkpoint" in bad["latest_valid@0"]
+    assert "pointer moved before the checkpoint was durable" in bad["latest_valid@0"]
+
+
+def test_previous_deleted_before_commit_is_caught_and_named(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml", "tests.planted.deletes_previous_before_commit")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "step_00000004 was committed before the crash but is not valid after it" in bad["committed_survives@0"]
+    assert "8 step(s) lost, at most 4 allowed" in bad["lost_work@1"]

@@ -1,0 +1,135 @@
+"""The scenario model and the generator: validation messages, targets, event counting (no processes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.generator import Generator
+from harness.launcher import REPO_ROOT
+from harness.scenario import Fault, Scenario, ScenarioError, Trigger, catalogue, load, target_ranks
+
+GOOD = """
+description = "ok"
+world_size = 2
+[trainer]
+max_steps = 12
+[[faults]]
+kind = "kill"
+target = "rank:1"
+when = { point = "ckpt.shard.write", rank = 1, save = 2, min_fraction = 0.5 }
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_valid_file_loads_and_round_trips_through_toml(tmp_path):
+    s = load(write(tmp_path, GOOD))
+    assert s.name == "s" and s.kinds == ["kill"] and s.families == ["process"]
+    assert s.faults[0].when == Trigger(point="ckpt.shard.write", rank=1, save=2, min_fraction=0.5)
+    again = load(write(tmp_path, s.to_toml(), "again.toml"))
+    assert again.to_dict() == {**s.to_dict(), "name": "s"}
+
+
+@pytest.mark.parametrize("edit,key,hint", [
+    (("world_size = 2", "world_size = 2\ncolour = 1"), "colour", "unknown key"),
+    (('kind = "kill"', 'kind = "explode"'), "faults[0].kind", "allowed kinds: kill, term, stop, raise"),
+    (('target = "rank:1"', 'target = "rank:7"'), "faults[0].target", "rank 7 does not exist at world size 2"),
+    (('target = "rank:1"', 'target = "minority"'), "faults[0].target", "'minority' is empty at world size 2"),
+    (('target = "rank:1"', 'target = "somebody"'), "faults[0].target", "unknown target"),
+    (("world_size = 2", 'world_size = "two"'), "world_size", "wrong type str"),
+    (('point = "ckpt.shard.write"', 'point = "ckpt.shard.wrte"'), "faults[0].when.point", "unknown probe point"),
+    (("max_steps = 12", "max_step = 12"), "trainer.max_step", "not a TrainConfig field"),
+    (("world_size = 2", "world_size = 3"), "trainer", "world size 3"),
+    (("max_steps = 12", "max_steps = 12\n[expect]\ntrajectory = \"close\""), "expect.trajectory", "allowed: bit-exact, tolerance"),
+])
+def test_invalid_files_name_the_file_the_key_and_the_fix(tmp_path, edit, key, hint):
+    path = write(tmp_path, GOOD.replace(*edit))
+    with pytest.raises(ScenarioError) as e:
+        load(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: {key}: "), msg
+    assert hint in msg
+
+
+def test_world_size_change_must_not_claim_bit_exact(tmp_path):
+    with pytest.raises(ScenarioError, match="expect.trajectory: bit-exact across a world-size change"):
+        load(write(tmp_path, GOOD + "[recovery]\nworld_size = 4\n"))
+
+
+def test_broken_toml_is_reported_with_the_file(tmp_path):
+    path = write(tmp_path, "world_size = = 2")
+    with pytest.raises(ScenarioError, match=f"{path}: not valid TOML"):
+        load(path)
+
+
+def test_the_catalogue_is_valid_and_has_at_least_12_process_scenarios():
+    scenarios = catalogue(REPO_ROOT / "scenarios")
+    assert len([s for s in scenarios if "process" in s.families]) >= 12
+    assert all(s.description for s in scenarios)
+
+
+@pytest.mark.parametrize("target,ranks", [("all", [0, 1, 2, 3]), ("majority", [0, 1, 2]), ("minority", [3]),
+                                          ("ranks:2,0", [0, 2]), ("rank:1", [1]), ("node:0", [0, 1, 2, 3]),
+                                          ("triggering", [2])])
+def test_targets_resolve_to_ranks(target, ranks):
+    assert target_ranks(target, 4, triggering=2) == ranks
+
+
+def ev(point, rank=0, launch=0, **info):
+    return {"point": point, "rank": rank, "attempt": launch, "restart": 0, "info": info}
+
+
+def test_generator_counts_events_and_fires_once_at_the_nth_match():
+    g = Generator([Fault(kind="kill", when=Trigger(point="ckpt.shard.write", rank=1, save=2, min_fraction=0.5,
+                                                   nth=2))])
+    stream = [ev("ckpt.stage", 1), ev("ckpt.shard.write", 1, fraction=0.6),  # save 1: not counted
+              ev("ckpt.stage", 0), ev("ckpt.stage", 1),  # save 2 begins on both ranks
+              ev("ckpt.shard.write", 0, fraction=0.9),  # other rank
+              ev("ckpt.shard.write", 1, fraction=0.4),  # below the fraction
+              ev("ckpt.shard.write", 1, fraction=0.5),  # 1st match
+              ev("ckpt.shard.write", 1, fraction=0.6),  # 2nd match: fires
+              ev("ckpt.shard.write", 1, fraction=0.7)]
+    fired = [i for i, e in enumerate(stream) if g.observe(e)]
+    assert fired == [7]
+    assert g.unfired() == []
+
+
+def test_generator_arms_a_fault_only_in_its_launch():
+    g = Generator([Fault(kind="kill", attempt=1, when=Trigger(point="load.begin"))])
+    assert g.observe(ev("load.begin", launch=0)) == []
+    assert len(g.observe(ev("load.begin", launch=1))) == 1
+
+
+def test_pytest_collects_scenarios_with_markers_and_rejects_invalid_files(tmp_path):
+    def collect(*args):
+        return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               *args], cwd=REPO_ROOT, capture_output=True, text=True)
+
+    out = collect("scenarios", "-m", "kill and mid_write")
+    names = [line for line in out.stdout.splitlines() if "::" in line]
+    assert out.returncode == 0 and names and all(".toml::" in n for n in names), out.stdout
+    assert any("kill-rank1-mid-shard-write" in n for n in names)
+    assert not any("preempt-mid-accumulation" in n for n in names)
+    bad = tmp_path / "scenarios"
+    bad.mkdir()
+    write(bad, GOOD.replace('kind = "kill"', 'kind = "explode"'), "bad.toml")
+    out = collect(str(bad), "--rootdir", str(tmp_path))
+    assert out.returncode != 0
+    assert "faults[0].kind: unknown fault kind 'explode'" in out.stdout + out.stderr
+
+
+def test_cli_refuses_an_invalid_scenario_file_before_running_anything(tmp_path):
+    bad = write(tmp_path, GOOD.replace("max_steps = 12", "max_steps = 'many'"))
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(bad), "--reports", str(tmp_path / "r")],
+                         cwd=REPO_ROOT, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert str(bad) in out.stderr and "trainer" in out.stderr
+    assert not (tmp_path / "r").exists(), "nothing may be written for an invalid scenario"
