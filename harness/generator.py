@@ -8,6 +8,7 @@ counting over all ranks is deterministic in *where* it fires, not in which rank 
 
 from __future__ import annotations
 
+import fnmatch
 from collections import defaultdict
 
 from .scenario import Fault, Trigger
@@ -54,7 +55,8 @@ class Generator:
                 and (t.step is None or info.get("step") == t.step)
                 and (t.name is None or name == t.name)
                 and (t.save is None or saves_begun == t.save)
-                and (t.min_fraction is None or info.get("fraction", 0.0) >= t.min_fraction))
+                and (t.min_fraction is None or info.get("fraction", 0.0) >= t.min_fraction)
+                and (t.path is None or fnmatch.fnmatch(info.get("path", ""), t.path)))
 
     def unfired(self) -> list[tuple[int, Fault]]:
         return [(i, f) for i, f in enumerate(self.faults) if i not in self.fired]

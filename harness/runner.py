@@ -153,7 +153,33 @@ class ChaosRun:
                 self.history.add("harness", "error", error=self.errors[-1])
                 return None
 
+    def _watch_files(self, stop: threading.Event, launch_no: int) -> None:
+        """Report each new path under the run directory as an ``fs.created`` event (every ~5 ms).
+
+        This is how trainers that do not call the probe are driven: the fault lands within a few
+        milliseconds of the file appearing, not at an exact byte of it."""
+        seen: set[str] = set()
+        while not stop.wait(0.005):
+            found = []
+            for dirpath, dirnames, filenames in os.walk(self.run_dir):
+                for n in dirnames + filenames:
+                    rel = os.path.relpath(os.path.join(dirpath, n), self.run_dir)
+                    if rel not in seen:
+                        seen.add(rel)
+                        found.append(rel)
+            for rel in sorted(found):
+                self.on_event({"point": "fs.created", "rank": -1, "pid": 0, "attempt": launch_no, "restart": 0,
+                               "t": time.time(), "info": {"path": rel}})
+
     def _on_event(self, event: dict) -> dict | None:
+        if event["point"] == "fs.created":
+            for index, fault in self.generator.observe(event):
+                fired_at = time.time()
+                _, record = self.nemesis.fire(fault, event)
+                self.history.add("harness", "fault", t=fired_at, index=index, fault=fault.kind, target=fault.target,
+                                 launch=launch_of(event), at={"point": event["point"], "info": event["info"]},
+                                 **record)
+            return None
         launch_no = launch_of(event)
         if launch_no > self.launch_no:  # torchrun restarted its workers: new processes
             self.launch_no = launch_no
@@ -186,15 +212,19 @@ class ChaosRun:
                 self.launch_no = n
                 self.pids.clear()
                 job = launch(self.run_dir, world, trainer_args(base_cfg), module=s.trainer_module,
-                             controller=server.address, env={ENV_ATTEMPT: str(n)},
+                             controller=server.address if s.probe else None, env={ENV_ATTEMPT: str(n)},
                              max_restarts=s.recovery.max_restarts if mode == "torchrun" else 0)
                 self.nemesis = ProcessNemesis(job, world, self.pids)
                 self.history.add("harness", "launch", launch=n, world_size=world, pid=job.popen.pid,
-                                 mode=mode)
+                                 mode=mode, probe=s.probe)
+                stop_watching = threading.Event()
+                if any(f.when.point == "fs.created" and f.attempt == n for f in s.faults):
+                    threading.Thread(target=self._watch_files, args=(stop_watching, n), daemon=True).start()
                 rc = None
                 try:
                     rc = self._watch(job, deadline)
                 finally:
+                    stop_watching.set()
                     timed_out = rc is None
                     job.kill()
                     self.nemesis.heal()
@@ -216,6 +246,14 @@ class ChaosRun:
         while time.monotonic() < deadline:
             rc = job.wait(0.1)
             with self.lock:
+                if not self.s.probe:  # no events tell us the ranks' pids: read them from the processes
+                    for proc in job.workers():
+                        try:
+                            rank = proc.environ().get("RANK")
+                        except psutil.Error:
+                            continue
+                        if rank is not None:
+                            self.pids.setdefault(int(rank), proc.pid)
                 pids = dict(self.pids)
             for rank, pid in pids.items():
                 if pid not in seen:

@@ -10,6 +10,7 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
     suites = ["default"]            # suites this scenario belongs to (default: ["default"])
     world_size = 2                  # ranks of the first launch
     trainer_module = "reference_trainer"   # python -m MODULE under torchrun
+    probe = true                    # false: no controller; only external points (fs.created) trigger
 
     [trainer]                       # TrainConfig fields (reference_trainer/config.py)
     max_steps = 12
@@ -49,6 +50,11 @@ from typing import Any
 
 from .probe import POINTS
 
+# Points the harness observes from outside, for trainers that do not call the probe.
+EXTERNAL_POINTS = (
+    "fs.created",  # a file or directory whose path (relative to the run directory) matches when.path appeared
+)
+
 # kind -> (family, one-line meaning). Families become pytest markers, like the kinds themselves.
 FAULT_KINDS: dict[str, tuple[str, str]] = {
     "kill": ("process", "SIGKILL the target ranks (with node:N, the node's launcher too)"),
@@ -82,6 +88,7 @@ class Trigger:
     save: int | None = None  # inside the save-th save (ckpt.stage count) of this rank in this launch
     min_fraction: float | None = None  # ckpt.shard.write: info["fraction"] >= this
     name: str | None = None  # the checkpoint being saved or loaded has this name
+    path: str | None = None  # fs.created: glob over paths relative to the run directory
 
 
 @dataclass
@@ -125,6 +132,7 @@ class Scenario:
     suites: list[str] = field(default_factory=lambda: ["default"])
     world_size: int = 2
     trainer_module: str = "reference_trainer"
+    probe: bool = True  # False: run the trainer without a controller (as a third-party trainer)
     trainer: dict[str, Any] = field(default_factory=dict)
     recovery: Recovery = field(default_factory=Recovery)
     expect: Expect = field(default_factory=Expect)
@@ -242,9 +250,12 @@ def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
             raise _error(source, f"{key}.kind", f"unknown fault kind {f['kind']!r}",
                          f"allowed kinds: {', '.join(FAULT_KINDS)}")
         when = _take(Trigger, f["when"], source, f"{key}.when", required=("point",))
-        if when["point"] not in POINTS:
+        if when["point"] not in POINTS + EXTERNAL_POINTS:
             raise _error(source, f"{key}.when.point", f"unknown probe point {when['point']!r}",
-                         f"allowed points: {', '.join(POINTS)}")
+                         f"allowed points: {', '.join(POINTS + EXTERNAL_POINTS)}")
+        if (when["point"] == "fs.created") != ("path" in when):
+            raise _error(source, f"{key}.when.path", "fs.created needs a path glob, and only it takes one",
+                         "e.g. when = { point = \"fs.created\", path = \"checkpoints/.tmp-step_00000008/*.distcp\" }")
         if when.get("nth", 1) < 1:
             raise _error(source, f"{key}.when.nth", "must be 1 or more", "count events from 1")
         f["when"] = Trigger(**when)
@@ -276,6 +287,14 @@ def validate(s: Scenario) -> None:
                      "use trajectory = \"tolerance\" (the README says why)")
     for i, f in enumerate(s.faults):
         _check_target(f.target, s.world_size, src, f"faults[{i}].target")
+        if not s.probe and f.when.point not in EXTERNAL_POINTS:
+            raise _error(src, f"faults[{i}].when.point", f"{f.when.point!r} needs the probe, and probe = false",
+                         f"use an external point ({', '.join(EXTERNAL_POINTS)}) or probe = true")
+        if f.when.point in EXTERNAL_POINTS and f.target == "triggering":
+            raise _error(src, f"faults[{i}].target", "an external event has no triggering rank",
+                         "name the ranks: rank:N, all, ...")
+        if f.kind == "raise" and f.when.point in EXTERNAL_POINTS:
+            raise _error(src, f"faults[{i}].kind", "raise needs a probe point", "use kill, term or stop")
         if f.when.rank is not None and not 0 <= f.when.rank < s.world_size:
             raise _error(src, f"faults[{i}].when.rank", f"rank {f.when.rank} does not exist at world size "
                          f"{s.world_size}", f"use a rank in 0..{s.world_size - 1}")

@@ -47,7 +47,7 @@ def test_a_valid_file_loads_and_round_trips_through_toml(tmp_path):
     (("world_size = 2", 'world_size = "two"'), "world_size", "wrong type str"),
     (('point = "ckpt.shard.write"', 'point = "ckpt.shard.wrte"'), "faults[0].when.point", "unknown probe point"),
     (("max_steps = 12", "max_step = 12"), "trainer.max_step", "not a TrainConfig field"),
-    (("world_size = 2", "world_size = 3"), "trainer", "world size 3"),
+    (("world_size = 2", "world_size = 3"), "trainer", "not divisible by world_size=3"),
     (("max_steps = 12", "max_steps = 12\n[expect]\ntrajectory = \"close\""), "expect.trajectory", "allowed: bit-exact, tolerance"),
 ])
 def test_invalid_files_name_the_file_the_key_and_the_fix(tmp_path, edit, key, hint):
