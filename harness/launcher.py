@@ -82,6 +82,17 @@ class Job:
             pass
 
 
+def _term_when_parent_dies() -> None:
+    """In the child: if the harness dies without cleaning up (SIGKILL, crash), torchrun gets SIGTERM
+    and takes its workers down with it (Linux PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = "reference_trainer",
            controller: str | None = None, max_restarts: int = 0, env: dict[str, str] | None = None,
            log_name: str = "torchrun.log") -> Job:
@@ -100,7 +111,7 @@ def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = 
     log.write(f"$ {' '.join(cmd)}\n".encode())
     log.flush()
     popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_term_when_parent_dies)
     log.close()
     return Job(popen, marker, run_dir / log_name)
 
