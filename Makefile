@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test chaos bench clean
+.PHONY: setup test chaos clean
 
 setup: $(STAMP)
 
@@ -23,9 +23,6 @@ test: setup
 
 chaos: setup
 	$(VENV)/bin/ckpt-chaos run --suite default
-
-bench: setup
-	$(PY) -m harness.bench
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
