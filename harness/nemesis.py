@@ -77,7 +77,7 @@ class ProcessNemesis:
             else:
                 for pid in pids.values():
                     _signal(pid, signal.SIGTERM)
-            timer = threading.Timer(fault.grace_s, self._grace_expired, args=(fault.grace_s,))
+            timer = threading.Timer(fault.grace_s, self._grace_expired)
             timer.daemon = True
             timer.start()
             self._timers.append(timer)
@@ -92,7 +92,7 @@ class ProcessNemesis:
             return {"do": "raise", "error": fault.error, "message": f"at {event['point']}"}, record
         raise ValueError(f"not a process fault: {fault.kind}")
 
-    def _grace_expired(self, grace_s: float) -> None:
+    def _grace_expired(self) -> None:
         if self.job.poll() is None:
             self.grace_expired.append(time.time())
             self.job.kill()

@@ -172,35 +172,31 @@ class ChaosRun:
                                "t": time.time(), "info": {"path": rel}})
 
     def _on_event(self, event: dict) -> dict | None:
-        if event["point"] == "fs.created":
-            for index, fault in self.generator.observe(event):
-                fired_at = time.time()
-                _, record = self.nemesis.fire(fault, event)
-                self.history.add("harness", "fault", t=fired_at, index=index, fault=fault.kind, target=fault.target,
-                                 launch=launch_of(event), at={"point": event["point"], "info": event["info"]},
-                                 **record)
-            return None
         launch_no = launch_of(event)
-        if launch_no > self.launch_no:  # torchrun restarted its workers: new processes
-            self.launch_no = launch_no
-            self.pids.clear()
-        if launch_no == self.launch_no:
-            self.pids[event["rank"]] = event["pid"]
-        self.history.add("probe", event["point"], t=event["t"], rank=event["rank"], pid=event["pid"],
-                         launch=launch_of(event), info=event.get("info", {}))
+        external = event["point"] == "fs.created"
+        if not external:  # a rank's own probe event (external ones have no rank)
+            if launch_no > self.launch_no:  # torchrun restarted its workers: new processes
+                self.launch_no = launch_no
+                self.pids.clear()
+            if launch_no == self.launch_no:
+                self.pids[event["rank"]] = event["pid"]
+            self.history.add("probe", event["point"], t=event["t"], rank=event["rank"], pid=event["pid"],
+                             launch=launch_no, info=event.get("info", {}))
         answer = None
         for index, fault in self.generator.observe(event):
-            snap = snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
+            # A probe event holds its rank, so a snapshot first costs nothing; an external event holds
+            # nobody, and the time a snapshot takes would let the trainer run past the trigger.
+            snap = None if external else snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
             fired_at = time.time()
             act, record = self.nemesis.fire(fault, event)
             self.history.add("harness", "fault", t=fired_at, index=index, fault=fault.kind, target=fault.target,
-                             launch=launch_of(event), at={"point": event["point"], "rank": event["rank"],
-                                                          "info": event.get("info", {})},
-                             snapshot_before=snap, **record)
+                             launch=launch_no, at={"point": event["point"], "rank": event["rank"],
+                                                   "info": event.get("info", {})},
+                             **({"snapshot_before": snap} if snap else {}), **record)
             answer = act or answer
         return answer
 
-    def run(self, golden_dir: Path) -> None:
+    def run(self) -> None:
         s = self.s
         deadline = time.monotonic() + s.expect.deadline_s
         base_cfg = {**s.trainer, "run_dir": str(self.run_dir)}
@@ -272,7 +268,7 @@ class ChaosRun:
         return None
 
     def _finished(self) -> bool:
-        return any(e.get("event") == "finished" for e in trainer_events(self.run_dir, "finished"))
+        return bool(trainer_events(self.run_dir, "finished"))
 
 
 def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN_DIR) -> Result:
@@ -294,7 +290,7 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN
     (run_dir / "golden").symlink_to(golden.resolve())
     chaos = ChaosRun(s, run_dir)
     try:
-        chaos.run(golden)
+        chaos.run()
     finally:
         chaos.history.close()
     result = evaluate(s, run_dir, golden, harness_errors=chaos.errors)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from harness.history import final_state, trainer_events, trajectory
 from harness.launcher import run_to_end
+from harness.runner import trainer_args as as_flags
 
 # Small enough for a 2-core machine, big enough to cross epochs (96 samples = 6 steps per epoch)
 # and to accumulate gradients (2 micro-batches per step).
@@ -14,8 +15,7 @@ EXACT_KEYS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_see
 
 
 def trainer_args(run_dir: Path, **overrides) -> list[str]:
-    cfg = {**BASE, "run_dir": str(run_dir), **overrides}
-    return [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items()]
+    return as_flags({**BASE, "run_dir": str(run_dir), **overrides})
 
 
 def train(run_dir: Path, nproc: int = 2, module: str = "reference_trainer", timeout: float = 240,
