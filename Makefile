@@ -6,9 +6,29 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test chaos clean
+# Debian packages the storage faults need: libfuse for faultfs, libfiu for errno injection,
+# e2fsprogs for the loop-mounted ext4 images. Installed when missing and when we are root;
+# otherwise the scenarios that need them are skipped, loudly, with the reason.
+SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount
+SYSTEM_STAMP    := $(VENV)/.system-packages
 
-setup: $(STAMP)
+.PHONY: setup system-packages test chaos clean
+
+setup: $(STAMP) $(SYSTEM_STAMP)
+
+$(SYSTEM_STAMP): Makefile
+	@mkdir -p $(VENV)
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+	if [ -z "$$missing" ]; then touch $@; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "WARNING: missing Debian packages: $$missing (need root and apt-get); storage scenarios will be skipped" >&2; \
+	else \
+	  echo "installing $$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends $$missing >/dev/null \
+	    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $$missing >/dev/null; }; \
+	  touch $@; \
+	fi
 
 # Re-installs only when pyproject.toml changes. torch==2.13.0 resolves to the CPU wheel that
 # lies on this machine's disk; the exact pin keeps pip from reaching for a CUDA build.

@@ -20,6 +20,10 @@ EXACT_FIELDS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_s
 COMPONENTS = ("model", "optimizer", "scheduler", "counters", "dataloader", "rng", "grads")
 # After a world-size change the per-rank RNG streams are reseeded by design (README).
 WORLD_CHANGE_EXEMPT = ("rng",)
+# Faults after which a trainer may keep training (a failed save is skipped with a warning).
+KEEPS_RUNNING = ("disk_full", "errno", "slow", "corrupt")
+# Trainer events that report a storage failure.
+SURFACED = ("save_failed", "ckpt_rejected", "load_failed")
 
 
 @dataclass
@@ -98,10 +102,12 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     _faults_fired(run, report)
     _completion(run, report)
     _fault_effects(run, report)
+    _storage_effects(run, report)
     _trajectory(run, report)
     _loaded_equals_saved(run, report)
     _resume_choice(run, report)
     _crash_states(run, report)
+    _committed_valid(run, report)
     _lost_work(run, report)
     _final_directory(run, report)
     _timings(run, report)
@@ -162,6 +168,8 @@ def _fault_effects(run: Run, report: Report) -> None:
                       "the job did not stop with an emergency checkpoint after SIGTERM")
             report.add(f"fault_{h['index']}_preemption_handled", ok, detail)
             continue
+        if run.s.expect.job_fails is None and fault.kind in KEEPS_RUNNING:
+            continue  # whether the job stops is the trainer's policy; _storage_effects checks it said so
         expect_fail = run.s.expect.job_fails if run.s.expect.job_fails is not None else True
         if ex is None or run.s.recovery.relaunch == "torchrun":
             later = [x for x in run.launches() if x > launch]
@@ -282,12 +290,13 @@ def _resume_choice(run: Run, report: Report) -> None:
         report.add(f"resumed_newest_valid@{launch}", ok,
                    f"launch {launch} resumed from {name or 'scratch'}, the newest valid checkpoint after the crash"
                    if ok else f"launch {launch} resumed from {name or 'scratch'} but the newest valid checkpoint "
-                   f"after the crash was {newest or 'none'}")
+                   f"after the crash was {newest or 'none'}{_blame(run, before['t'])}")
         if name is not None:
             reason = snap["checkpoints"].get(name, "it did not exist")
             report.add(f"never_loaded_torn@{launch}", reason is None,
                        f"{name} validated after the crash" if reason is None else
-                       f"launch {launch} loaded {name} although it was not a valid checkpoint: {reason}")
+                       f"launch {launch} loaded {name} although it was not a valid checkpoint: {reason}"
+                       f"{_blame(run, before['t'])}")
 
 
 def _crash_states(run: Run, report: Report) -> None:
@@ -299,12 +308,18 @@ def _crash_states(run: Run, report: Report) -> None:
             continue
         snap = ex["snapshot"]
         latest = snap.get("latest")
-        if latest is not None:
+        # A checkpoint a corrupt fault damaged on purpose is not the trainer's to keep valid.
+        damaged = {h.get("checkpoint") for h in run.harness("fault") if h["fault"] == "corrupt" and h["t"] <= ex["t"]}
+        committed = [c for c in committed if c["name"] not in damaged]
+        if latest in damaged:
+            report.add(f"latest_valid@{ex['launch']}", True, f"`latest` names {latest}, damaged by a corrupt fault")
+        elif latest is not None:
             reason = snap["checkpoints"].get(latest, "it does not exist")
             report.add(f"latest_valid@{ex['launch']}", reason is None,
                        f"`latest` names {latest}, a valid checkpoint" if reason is None else
                        f"after launch {ex['launch']} died, `latest` named {latest}, which was not a valid "
-                       f"checkpoint ({reason}): the pointer moved before the checkpoint was durable")
+                       f"checkpoint ({reason}): the pointer moved before the checkpoint was durable"
+                       f"{_blame(run, ex['t'])}")
         before = [c for c in committed if c.get("t", 0) <= ex["t"] and c.get("attempt") == ex["launch"]]
         before = before or [c for c in committed if c.get("t", 0) <= ex["t"]]
         if not before:
@@ -320,7 +335,106 @@ def _crash_states(run: Run, report: Report) -> None:
             why = (f"; retention deleted it while the next save had not committed" if deleted else "")
             report.add(f"committed_survives@{ex['launch']}", False,
                        f"{last} was committed before the crash but is not valid after it, and nothing newer is"
-                       f" ({snap['checkpoints'].get(last, 'gone')}){why}")
+                       f" ({snap['checkpoints'].get(last, 'gone')}){why}{_blame(run, ex['t'])}")
+
+
+def _blame(run: Run, t: float) -> str:
+    """", after FAULT": the last fault before ``t``, with what it did, for a diagnosis."""
+    before = [h for h in run.harness("fault") if h["t"] <= t]
+    if not before:
+        return ""
+    h = before[-1]
+    at = h["at"]
+    where = f"{at['point']} (rank {at['rank']}" + (f", {at['info']['file']}" if "file" in at.get("info", {}) else "") + ")"
+    out = f"; after {h['fault']} at {where}"
+    lost = h.get("lost")
+    if lost:
+        out += (f", which lost the un-fsynced data of {len(lost['truncated']) + len(lost['restored'])} file(s) "
+                f"and undid {len(lost['undone'])} un-persisted directory operation(s)")
+        if lost["truncated"]:
+            out += f" (emptied: {', '.join(lost['truncated'][:4])})"
+    return out
+
+
+def _storage_effects(run: Run, report: Report) -> None:
+    """A storage fault that made calls fail was reported by the trainer (or stopped the launch);
+    a corrupted checkpoint was rejected, with its reason, before it could be loaded."""
+    injected = {}
+    for heal in run.harness("heal"):
+        for item in heal.get("faultfs", {}).get("injected", []):
+            injected.setdefault((heal["launch"], item["rule"]), []).append(item)
+    for h in run.harness("fault"):
+        i, fault, launch = h["index"], run.s.faults[h["index"]], h["launch"]
+        ex = run.exit_of(launch)
+        reported = [e for e in run.events if e["event"] in SURFACED and e.get("attempt") == launch
+                    and e.get("t", 0) >= h["t"]]
+        stopped = ex is not None and ex["rc"] != 0
+        if fault.kind == "errno":
+            hits = injected.get((launch, h.get("rule")), []) if h.get("via") == "faultfs" else None
+            if hits is not None:
+                calls = ", ".join(f"{x['op']} {x['path']} -> {x['errno']}" for x in hits[:3])
+                ok = bool(hits) or fault.probability is not None
+                report.add(f"fault_{i}_injected", ok, f"{len(hits)} call(s) failed: {calls}" if hits else
+                           "no call failed (probability drawn that way)" if ok else
+                           f"no {fault.call} call on a path matching {fault.path!r} came after the trigger; "
+                           f"check faults[{i}].call, .path and .when")
+                if not hits:
+                    continue
+        if fault.kind in ("errno", "disk_full"):
+            if fault.kind == "disk_full":
+                saves = [e for e in run.history if e["source"] == "probe" and e["kind"] == "ckpt.stage"
+                         and e["launch"] == launch and e["t"] >= h["t"]]
+                if not saves and not reported and not stopped:
+                    report.add(f"fault_{i}_surfaced", True, "no save began while the disk was full")
+                    continue
+            ok = bool(reported) or stopped
+            what = f"{fault.kind} ({fault.errno} on {fault.call})" if fault.kind == "errno" else "disk_full"
+            report.add(f"fault_{i}_surfaced", ok,
+                       f"the trainer reported it: {reported[0]['event']} {reported[0].get('name', '')}".rstrip()
+                       if reported else f"launch {launch} stopped with status {ex['rc']}" if ok else
+                       f"{what} made the trainer's I/O fail, but it reported no failure (no save_failed, "
+                       "ckpt_rejected or load_failed event) and kept going: an error was swallowed")
+        elif fault.kind == "corrupt":
+            name = h.get("checkpoint")
+            later = [x for x in run.launches() if x > launch]
+            if not later:
+                report.add(f"fault_{i}_detected", False, f"{name} was corrupted but no launch came after to load it")
+                continue
+            rejected = [e for e in run.trainer("ckpt_rejected", later[0]) if e["name"] == name]
+            point = run.resume_point(later[0])
+            if rejected:
+                report.add(f"fault_{i}_detected", True, f"launch {later[0]} rejected {name}: {rejected[0]['reason']}")
+            elif point and point[0] and point[0] > name:
+                report.add(f"fault_{i}_detected", True, f"not needed: launch {later[0]} resumed from the newer "
+                           f"{point[0]}")
+            else:
+                report.add(f"fault_{i}_detected", False,
+                           f"{name} was corrupted ({'; '.join(h.get('files', []))}) but launch {later[0]} did not "
+                           f"reject it" + (f"; it resumed from {point[0]}" if point and point[0] else ""))
+
+
+def _committed_valid(run: Run, report: Report) -> None:
+    """Every checkpoint the trainer reported committed was complete when its launch ended, unless
+    retention deleted it or a fault (corruption, power loss) damaged it afterwards."""
+    deleted = {n for r in run.trainer("retention") for n in r.get("deleted", [])}
+    damaged = {h.get("checkpoint") for h in run.harness("fault") if h["fault"] == "corrupt"}
+    power_cut = {h["launch"] for h in run.harness("fault") if h["fault"] == "power_loss"}
+    checked = 0
+    for ex in run.harness("exit"):
+        if ex["launch"] in power_cut:
+            continue  # what must survive a power cut is committed_survives's business
+        snap = ex["snapshot"]["checkpoints"]
+        for c in run.trainer("committed", ex["launch"]):
+            name = c["name"]
+            checked += 1
+            if name in deleted or name in damaged or name not in snap or snap[name] is None:
+                continue
+            checked = -1_000_000
+            report.add(f"committed_valid@{name}", False,
+                       f"the trainer reported {name} committed, but it is not a valid checkpoint: {snap[name]}"
+                       f"{_blame(run, c.get('t', 0))}")
+    if checked > 0:
+        report.add("committed_valid", True, f"{checked} committed checkpoint(s) complete when their launch ended")
 
 
 def _lost_work(run: Run, report: Report) -> None:

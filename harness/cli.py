@@ -38,7 +38,8 @@ def _select(args: argparse.Namespace):
         print(f"ckpt-chaos: {e}", file=sys.stderr)
         raise SystemExit(2)
     if getattr(args, "k", None):
-        chosen = [s for s in chosen if args.k in s.name or args.k in s.tags or args.k in s.kinds]
+        chosen = [s for s in chosen if args.k in s.name or args.k in s.tags or args.k in s.kinds
+                  or args.k in s.families]
     return chosen
 
 
@@ -142,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
     def selection(c: argparse.ArgumentParser) -> None:
         c.add_argument("scenario", nargs="*", help="scenario names or files (default: the suite)")
         c.add_argument("--suite", default="default", help="suite to run when no scenario is named")
-        c.add_argument("-k", help="keep scenarios whose name, tags or fault kinds contain this")
+        c.add_argument("-k", help="keep scenarios whose name contains this, or that have it as a tag, fault kind or family")
         c.add_argument("--scenarios-dir", default=str(SCENARIO_DIR))
 
     c = sub.add_parser("list", help="list scenarios with their labels and descriptions")

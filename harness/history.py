@@ -87,10 +87,34 @@ def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:
     root = Path(root)
     if not root.is_dir():
         return {"checkpoints": {}, "latest": None, "strays": [], "newest_valid": None}
-    ckpts = {p.name: validate(p, verify_checksums) for p in list_checkpoints(root)}
+    ckpts = {p.name: validate(p, verify_checksums) or dcp_problem(p) for p in list_checkpoints(root)}
     latest_path = root / LATEST
     latest = latest_path.read_text().strip() if latest_path.is_file() else None
     strays = sorted(p.name for p in root.iterdir() if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)))
     valid = [n for n, reason in ckpts.items() if reason is None]
     return {"checkpoints": ckpts, "latest": latest, "strays": strays,
             "newest_valid": valid[0] if valid else None}
+
+
+def dcp_problem(path: Path) -> str | None:
+    """Why a DCP checkpoint directory is torn, judged from DCP's own ``.metadata`` alone (None: every
+    byte range it references is there). Independent of any trainer's manifest, so it also judges a
+    trainer whose manifest was written over partial files."""
+    import torch.distributed.checkpoint as dcp
+
+    if not (Path(path) / ".metadata").is_file():
+        return ".metadata is missing (DCP never finished this save)"
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # a torn pickle raises anything
+        return f".metadata is unreadable: {type(e).__name__}: {e}"
+    need: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(need.items()):
+        f = Path(path) / name
+        if not f.is_file():
+            return f"{name} is missing (.metadata references it)"
+        if f.stat().st_size < end:
+            return f"{name} has {f.stat().st_size} bytes, .metadata references bytes up to {end}"
+    return None

@@ -75,7 +75,9 @@ class Job:
                     p.kill()
                 except psutil.Error:
                     pass
-            psutil.wait_procs(procs, timeout=5)
+            # torchrun is our child: only Popen may reap it. If psutil reaped it, Popen would later
+            # get ECHILD and report exit status 0 for a launcher that was SIGKILLed.
+            psutil.wait_procs([p for p in procs if p.pid != self.popen.pid], timeout=5)
         try:
             self.popen.wait(5)
         except subprocess.TimeoutExpired:

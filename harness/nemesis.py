@@ -4,27 +4,39 @@ A nemesis acts while the rank whose event triggered it is blocked at its probe p
 SIGKILL "mid-shard-write" lands exactly there. Each action returns the answer for that rank
 (``None``: continue) and a record of what it did, which goes into the history.
 
-Process faults need nothing beyond signals to the job's own processes; ``requirements`` says
-what a kind needs so the runner can skip, loudly, a fault this machine cannot inject.
+Process faults need nothing beyond signals to the job's own processes. Storage faults act on
+the run's storage stack (``harness/storage.py``): a ballast file, faultfs rules, libfiu, a
+simulated power cut, or bytes of committed files. ``requirements`` says what a fault needs so
+the runner can skip, loudly, a fault this machine cannot inject.
 """
 
 from __future__ import annotations
 
+import errno as errno_module
+import fnmatch
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
 from .launcher import Job
-from .scenario import Fault, target_ranks
+from .scenario import Fault, Scenario, target_ranks
+from .storage import Storage, missing
 
 
-def requirements(kind: str) -> str | None:
-    """Why this machine cannot inject ``kind`` (None: it can)."""
-    return None  # process faults: signals to our own children always work
+def requirements(s: Scenario) -> str | None:
+    """Why this machine cannot run the scenario's faults (None: it can). Process faults are
+    signals to our own children and always work; storage faults need the stack they run on."""
+    spec = s.storage_spec()
+    why = missing(spec.fs, spec.faultfs, spec.libfiu)
+    if why:
+        kinds = sorted({f.kind for f in s.faults if f.family == "storage"}) or ["the storage stack"]
+        return f"{', '.join(kinds)} on fs={spec.fs}{' + faultfs' if spec.faultfs else ''}: {why}"
+    return None
 
 
 def _signal(pid: int, sig: signal.Signals) -> bool:
@@ -104,3 +116,103 @@ class ProcessNemesis:
         for pid in self.stopped:
             _signal(pid, signal.SIGCONT)
         self.stopped.clear()
+
+
+@dataclass
+class StorageNemesis:
+    """Disk full, errno injection, slow storage, power loss and corruption, for the whole run.
+
+    faultfs rules and the ballast outlive a launch only if the scenario says so: ``heal`` at the
+    end of each launch disarms every rule and, unless a disk_full asked to keep the disk full,
+    gives the space back (as an operator who frees space before restarting the job would)."""
+
+    storage: Storage
+    job: Job | None = None
+    world_size: int = 0
+    pids: dict[int, int] = field(default_factory=dict)
+    keep_full: bool = False
+
+    def new_launch(self, job: Job, world_size: int, pids: dict[int, int]) -> None:
+        self.job, self.world_size, self.pids = job, world_size, pids
+
+    def fire(self, fault: Fault, event: dict) -> tuple[dict | None, dict]:
+        ranks = target_ranks(fault.target, self.world_size, triggering=event["rank"])
+        pids = {r: self.pids[r] for r in ranks if r in self.pids}
+        record: dict = {}
+        if fault.kind in ("errno", "slow"):
+            record = {"ranks": ranks, "pids": sorted(pids.values()),
+                      "missing_ranks": sorted(set(ranks) - set(pids))}
+        if fault.kind == "disk_full":
+            self.keep_full |= fault.keep_full
+            record = self.storage.fill(fault.headroom_kb * 1024)
+        elif fault.kind == "errno" and fault.via == "libfiu":
+            code = getattr(errno_module, fault.errno)
+            for pid in pids.values():
+                self.storage.fiu_fail(pid, fault.call, code, fault.probability)
+            record["via"] = "libfiu"
+        elif fault.kind in ("errno", "slow"):
+            rule = {"call": fault.call, "path": fault.path,
+                    "pids": None if fault.target == "all" else sorted(pids.values())}
+            if fault.kind == "errno":
+                rule.update(errno=getattr(errno_module, fault.errno), nth=fault.nth_call, count=fault.count,
+                            probability=fault.probability, seed=fault.seed)
+            else:
+                rule.update(errno=0, delay_s=fault.latency_ms / 1000, bytes_per_s=fault.bandwidth_mb_s * (1 << 20))
+            record["rule"] = self.storage.client.call("arm", rule=rule)["id"]
+            record["via"] = "faultfs"
+        elif fault.kind == "power_loss":
+            record = {"pids": sorted(self.pids.values()), "launcher_pid": self.job.popen.pid}
+            self.job.kill()  # the whole node goes down at once
+            record["lost"] = self.storage.client.call("crash")
+        elif fault.kind == "corrupt":
+            record = corrupt(self.storage.view, fault)
+        else:
+            raise ValueError(f"not a storage fault: {fault.kind}")
+        return None, record
+
+    def heal(self) -> dict:
+        """End of a launch: disarm faultfs rules (returning what they did), drain the ballast."""
+        out: dict = {}
+        if self.storage.client is not None:
+            out["faultfs"] = self.storage.client.call("status")
+            self.storage.client.call("disarm")
+        if not self.keep_full and self.storage.drain():
+            out["ballast_removed"] = True
+        return out
+
+
+def corrupt(root: Path, fault: Fault) -> dict:
+    """Damage files of a committed checkpoint under ``root`` (read beneath any fault layer)."""
+    from reference_trainer.checkpoint import list_checkpoints
+
+    ckpts = list_checkpoints(root)
+    if not ckpts:
+        raise RuntimeError(f"corrupt: no checkpoint in {root} to corrupt yet; trigger the fault later")
+    if fault.checkpoint == "newest":
+        target = ckpts[0]
+    elif fault.checkpoint == "oldest":
+        target = ckpts[-1]
+    else:
+        target = root / fault.checkpoint
+        if not target.is_dir():
+            raise RuntimeError(f"corrupt: {fault.checkpoint} does not exist; have {[c.name for c in ckpts]}")
+    files = sorted(p for p in target.iterdir() if p.is_file() and fnmatch.fnmatch(p.name, fault.file))
+    if not files:
+        raise RuntimeError(f"corrupt: no file of {target.name} matches {fault.file!r}")
+    done = []
+    for f in files:
+        size = f.stat().st_size
+        if fault.corruption == "truncate":
+            os.truncate(f, size // 2)
+            done.append(f"{f.name}: {size} -> {size // 2} bytes")
+        elif fault.corruption == "flip":
+            with open(f, "r+b") as fh:
+                fh.seek(size // 2)
+                byte = fh.read(1)
+                fh.seek(size // 2)
+                fh.write(bytes([byte[0] ^ 0xFF]))
+            done.append(f"{f.name}: 8 bits flipped at byte {size // 2}")
+        else:
+            f.unlink()
+            done.append(f"{f.name}: deleted")
+    return {"checkpoint": target.name, "files": done}

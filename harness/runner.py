@@ -32,9 +32,10 @@ from .controller import ProbeServer
 from .generator import Generator, launch_of
 from .history import History, final_state, snapshot_checkpoints, trainer_events
 from .launcher import REPO_ROOT, Job, launch
-from .nemesis import ProcessNemesis, requirements
+from .nemesis import ProcessNemesis, StorageNemesis, requirements
 from .probe import ENV_ATTEMPT
 from .scenario import Scenario
+from .storage import Storage, remove_leftovers
 
 DEFAULT_GOLDEN_DIR = REPO_ROOT / "runs" / "golden"
 
@@ -132,16 +133,18 @@ def _alive(proc: psutil.Process) -> bool:
 class ChaosRun:
     """The state of one chaos run while it goes: launches, faults fired, snapshots."""
 
-    def __init__(self, scenario: Scenario, run_dir: Path):
+    def __init__(self, scenario: Scenario, run_dir: Path, storage: Storage):
         self.s = scenario
         self.run_dir = run_dir
-        self.ckpt_root = run_dir / "checkpoints"
+        self.storage = storage
+        self.ckpt_root = storage.view  # what the harness reads; the trainer writes to run_dir/checkpoints
         self.history = History(run_dir / "history.jsonl")
         self.generator = Generator(scenario.faults)
         self.lock = threading.Lock()
         self.pids: dict[int, int] = {}
         self.launch_no = 0
         self.nemesis: ProcessNemesis | None = None
+        self.storage_nemesis = StorageNemesis(storage)
         self.errors: list[str] = []
 
     def on_event(self, event: dict) -> dict | None:
@@ -162,6 +165,8 @@ class ChaosRun:
         while not stop.wait(0.005):
             found = []
             for dirpath, dirnames, filenames in os.walk(self.run_dir):
+                if dirpath == str(self.run_dir) and ".storage" in dirnames:
+                    dirnames.remove(".storage")  # the storage stack's own files
                 for n in dirnames + filenames:
                     rel = os.path.relpath(os.path.join(dirpath, n), self.run_dir)
                     if rel not in seen:
@@ -188,7 +193,8 @@ class ChaosRun:
             # nobody, and the time a snapshot takes would let the trainer run past the trigger.
             snap = None if external else snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
             fired_at = time.time()
-            act, record = self.nemesis.fire(fault, event)
+            nemesis = self.storage_nemesis if fault.family == "storage" else self.nemesis
+            act, record = nemesis.fire(fault, event)
             self.history.add("harness", "fault", t=fired_at, index=index, fault=fault.kind, target=fault.target,
                              launch=launch_no, at={"point": event["point"], "rank": event["rank"],
                                                    "info": event.get("info", {})},
@@ -207,10 +213,12 @@ class ChaosRun:
                 world = s.world_size if n == 0 else s.resumed_world_size()
                 self.launch_no = n
                 self.pids.clear()
+                env = {ENV_ATTEMPT: str(n), **(self.storage.fiu_env() if self.storage.spec.libfiu else {})}
                 job = launch(self.run_dir, world, trainer_args(base_cfg), module=s.trainer_module,
-                             controller=server.address if s.probe else None, env={ENV_ATTEMPT: str(n)},
+                             controller=server.address if s.probe else None, env=env,
                              max_restarts=s.recovery.max_restarts if mode == "torchrun" else 0)
                 self.nemesis = ProcessNemesis(job, world, self.pids)
+                self.storage_nemesis.new_launch(job, world, self.pids)
                 self.history.add("harness", "launch", launch=n, world_size=world, pid=job.popen.pid,
                                  mode=mode, probe=s.probe)
                 stop_watching = threading.Event()
@@ -224,6 +232,9 @@ class ChaosRun:
                     timed_out = rc is None
                     job.kill()
                     self.nemesis.heal()
+                    healed = self.storage_nemesis.heal()
+                if healed:
+                    self.history.add("harness", "heal", launch=n, **healed)
                 self.history.add("harness", "exit", launch=n, rc=rc, deadline_hit=timed_out,
                                  grace_expired=self.nemesis.grace_expired,
                                  snapshot=snapshot_checkpoints(self.ckpt_root))
@@ -275,11 +286,10 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN
     """Run one scenario end to end and return its row; never raises for a failed scenario."""
     started = time.monotonic()
     base = Result(scenario=s.name, verdict="skipped", families=s.families, kinds=s.kinds, tags=s.tags)
-    for f in s.faults:
-        why = requirements(f.kind)
-        if why:
-            base.reason = f"cannot inject {f.kind} here: {why}"
-            return base
+    why = requirements(s)
+    if why:
+        base.reason = f"cannot inject {why}"
+        return base
     run_dir = Path(out_root) / s.name
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -288,11 +298,15 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN
     base.run_dir = str(run_dir)
     golden = golden_run(s.trainer_module, s.trainer, s.world_size, golden_root)
     (run_dir / "golden").symlink_to(golden.resolve())
-    chaos = ChaosRun(s, run_dir)
-    try:
-        chaos.run()
-    finally:
-        chaos.history.close()
+    spec = s.storage_spec()
+    if spec.fs != "host" or spec.faultfs:
+        remove_leftovers()  # of harnesses killed before they could clean up
+    with Storage(run_dir, spec) as storage:
+        chaos = ChaosRun(s, run_dir, storage)
+        try:
+            chaos.run()
+        finally:
+            chaos.history.close()
     result = evaluate(s, run_dir, golden, harness_errors=chaos.errors)
     result.wall_s = time.monotonic() - started
     (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1))

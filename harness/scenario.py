@@ -26,6 +26,10 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
     min_fraction = 0.5              # ckpt.shard.write: at least half of the shard's bytes written
     nth = 1                         # the n-th event that matches all of the above
 
+    [storage]                       # the file system under the checkpoint directory (storage faults)
+    fs = "tmpfs"                    # host (default) | tmpfs | ext4 (a loop-mounted image)
+    size_mb = 64                    # tmpfs / ext4 size
+
     [recovery]
     relaunch = "harness"            # harness | torchrun | none
     max_restarts = 1
@@ -37,12 +41,25 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
     max_lost_steps = 4              # default: one checkpoint interval
     deadline_s = 300                # the harness kills everything after this long
 
+Storage faults take their own keys (``KIND_KEYS`` lists them per kind), for example::
+
+    [[faults]]
+    kind = "errno"                  # fail calls with an errno, from faultfs (default) or libfiu
+    call = "fsync"                  # open | write | read | fsync | rename | unlink | mkdir | rmdir | truncate | any
+    errno = "EIO"
+    path = ".tmp-*/__1_0.distcp"    # glob inside the checkpoint directory
+    nth_call = 1                    # the n-th matching call after the trigger fails ...
+    count = 1                       # ... and this many from there (0: every one)
+    target = "rank:1"               # only calls of these ranks (all: any process)
+    when = { point = "ckpt.stage", rank = 1, save = 2 }
+
 Every problem in a file is reported with the file, the key, what was found and what is allowed;
 nothing runs from a file that does not validate.
 """
 
 from __future__ import annotations
 
+import errno as errno_module
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -61,7 +78,29 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
     "term": ("process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s"),
     "stop": ("process", "SIGSTOP the target ranks: a hang that the job must detect by its collective timeout"),
     "raise": ("process", "raise an exception inside the triggering rank at the probe point (error: oom|io|runtime)"),
+    "disk_full": ("storage", "fill the checkpoint file system until headroom_kb is left (ballast kept until the "
+                             "next launch, or for good with keep_full)"),
+    "errno": ("storage", "fail chosen calls with an errno: the nth_call matching call (count times) or each with "
+                         "a seeded probability; via faultfs (any call, path globs) or libfiu (the next call)"),
+    "slow": ("storage", "add latency_ms to each matching call and/or cap the write bandwidth (bandwidth_mb_s)"),
+    "power_loss": ("storage", "SIGKILL the whole node, then lose every write, create and rename not yet made "
+                              "durable by fsync"),
+    "corrupt": ("storage", "truncate, flip bits in, or delete files of a committed checkpoint (newest, oldest or "
+                           "by name)"),
 }
+# The keys each kind takes beyond kind, when, target and attempt.
+KIND_KEYS: dict[str, tuple[str, ...]] = {
+    "kill": (), "term": ("grace_s",), "stop": (), "raise": ("error",),
+    "disk_full": ("headroom_kb", "keep_full"),
+    "errno": ("call", "errno", "path", "nth_call", "count", "probability", "seed", "via"),
+    "slow": ("call", "path", "latency_ms", "bandwidth_mb_s"),
+    "power_loss": (),
+    "corrupt": ("corruption", "file", "checkpoint"),
+}
+CALLS = ("open", "write", "read", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate", "any")
+LIBFIU_CALLS = ("open", "write", "fsync", "rename", "unlink", "truncate")
+CORRUPTIONS = ("truncate", "flip", "delete")
+FILE_SYSTEMS = ("host", "tmpfs", "ext4")
 FAMILIES = sorted({family for family, _ in FAULT_KINDS.values()})
 RELAUNCH = ("harness", "torchrun", "none")
 TRAJECTORY = ("bit-exact", "tolerance")
@@ -99,10 +138,31 @@ class Fault:
     attempt: int = 0  # the launch it belongs to (0 = first); in torchrun mode, torchrun's restart count
     grace_s: float = 10.0  # term: SIGKILL after this long
     error: str = "oom"  # raise: the exception
+    headroom_kb: int = 0  # disk_full: free space left
+    keep_full: bool = False  # disk_full: the disk stays full across relaunches
+    call: str = "any"  # errno, slow: which calls (CALLS)
+    errno: str = "EIO"  # errno: the error, by name
+    path: str = "*"  # errno, slow: glob over paths inside the checkpoint directory
+    nth_call: int = 1  # errno: the first matching call (counted from the trigger) that fails
+    count: int = 1  # errno: how many matching calls fail from there (0: all)
+    probability: float | None = None  # errno: instead, each matching call fails with this chance ...
+    seed: int = 0  # ... drawn from a generator seeded with this
+    via: str = "faultfs"  # errno: faultfs | libfiu
+    latency_ms: float = 0.0  # slow: added to each matching call
+    bandwidth_mb_s: float = 0.0  # slow: cap on write bandwidth (MiB/s), 0: none
+    corruption: str = "truncate"  # corrupt: truncate | flip | delete
+    file: str = "*.distcp"  # corrupt: glob over the checkpoint's files
+    checkpoint: str = "newest"  # corrupt: newest | oldest | a checkpoint name
 
     @property
     def family(self) -> str:
         return FAULT_KINDS[self.kind][0]
+
+
+@dataclass
+class Storage:
+    fs: str = "host"
+    size_mb: int = 64
 
 
 @dataclass
@@ -134,6 +194,7 @@ class Scenario:
     trainer_module: str = "reference_trainer"
     probe: bool = True  # False: run the trainer without a controller (as a third-party trainer)
     trainer: dict[str, Any] = field(default_factory=dict)
+    storage: Storage = field(default_factory=Storage)
     recovery: Recovery = field(default_factory=Recovery)
     expect: Expect = field(default_factory=Expect)
     source: str = "<python>"  # the file it came from, for messages
@@ -146,14 +207,28 @@ class Scenario:
     def kinds(self) -> list[str]:
         return sorted({f.kind for f in self.faults})
 
+    def storage_spec(self):
+        """The storage stack the faults need (harness/storage.py)."""
+        from .storage import StorageSpec
+
+        faultfs = any(f.kind in ("slow", "power_loss") or (f.kind == "errno" and f.via == "faultfs")
+                      for f in self.faults)
+        return StorageSpec(fs=self.storage.fs, size_mb=self.storage.size_mb, faultfs=faultfs,
+                           lazy=any(f.kind == "power_loss" for f in self.faults),
+                           libfiu=any(f.kind == "errno" and f.via == "libfiu" for f in self.faults))
+
     def resumed_world_size(self) -> int:
         return self.recovery.world_size or self.world_size
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("source")
+        defaults = asdict(Fault(kind="kill", when=Trigger(point="step.end")))
         for f in d["faults"]:
             f["when"] = {k: v for k, v in f["when"].items() if v is not None}
+            for k in [k for k in f if k not in ("kind", "when", "target", "attempt") + KIND_KEYS[f["kind"]]
+                      or f[k] is None or (k in KIND_KEYS[f["kind"]] and f[k] == defaults[k])]:
+                del f[k]
         for part in ("recovery", "expect"):
             d[part] = {k: v for k, v in d[part].items() if v is not None}
         return d
@@ -238,7 +313,8 @@ def _check_target(target: str, world_size: int, source: str, key: str) -> None:
 
 def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
     """Build and validate a scenario from a parsed table."""
-    top = _take(Scenario, {k: v for k, v in data.items() if k not in ("faults", "recovery", "expect")}, source, "")
+    top = _take(Scenario, {k: v for k, v in data.items() if k not in ("faults", "recovery", "expect", "storage")},
+                source, "")
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
         raise _error(source, "faults", "expected an array of tables", "write each fault as [[faults]]")
@@ -261,10 +337,17 @@ def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
         f["when"] = Trigger(**when)
         if f.get("error", "oom") not in RAISE_ERRORS:
             raise _error(source, f"{key}.error", f"unknown error {f['error']!r}", f"allowed: {', '.join(RAISE_ERRORS)}")
+        extra = [k for k in f if k not in ("kind", "when", "target", "attempt") + KIND_KEYS[f["kind"]]]
+        if extra:
+            takes = ", ".join(KIND_KEYS[f["kind"]]) or "no keys of its own"
+            raise _error(source, f"{key}.{extra[0]}", f"does not apply to kind {f['kind']!r}",
+                         f"{f['kind']} takes {takes} (besides kind, when, target, attempt)")
         faults.append(Fault(**f))
+    storage = Storage(**_take(Storage, data.get("storage", {}), source, "storage"))
     recovery = Recovery(**_take(Recovery, data.get("recovery", {}), source, "recovery"))
     expect = Expect(**_take(Expect, data.get("expect", {}), source, "expect"))
-    scenario = Scenario(name=top.pop("name", default_name), faults=faults, recovery=recovery, expect=expect,
+    scenario = Scenario(name=top.pop("name", default_name), faults=faults, storage=storage, recovery=recovery,
+                        expect=expect,
                         source=source, **top)
     validate(scenario)
     return scenario
@@ -275,6 +358,10 @@ def validate(s: Scenario) -> None:
     src = s.source
     if s.world_size < 1:
         raise _error(src, "world_size", f"{s.world_size} ranks", "use 1 or more")
+    if s.storage.fs not in FILE_SYSTEMS:
+        raise _error(src, "storage.fs", f"unknown file system {s.storage.fs!r}", f"allowed: {', '.join(FILE_SYSTEMS)}")
+    if s.storage.fs != "host" and not 8 <= s.storage.size_mb <= 4096:
+        raise _error(src, "storage.size_mb", f"{s.storage.size_mb}", "use 8 to 4096 (MiB)")
     if s.recovery.relaunch not in RELAUNCH:
         raise _error(src, "recovery.relaunch", f"unknown mode {s.recovery.relaunch!r}", f"allowed: {', '.join(RELAUNCH)}")
     if s.expect.trajectory not in TRAJECTORY:
@@ -303,6 +390,8 @@ def validate(s: Scenario) -> None:
                          "use target = \"triggering\" (and when.rank to choose the rank)")
         if f.kind == "term" and f.grace_s <= 0:
             raise _error(src, f"faults[{i}].grace_s", f"{f.grace_s}", "use a positive grace period")
+        if f.family == "storage":
+            _check_storage_fault(s, i, f)
         if f.attempt > s.recovery.max_restarts:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
@@ -325,6 +414,44 @@ def validate(s: Scenario) -> None:
                 cfg.validate(world)
         except (ConfigError, TypeError) as e:
             raise _error(src, "trainer", str(e), "fix the trainer table or the world sizes") from None
+
+
+def _check_storage_fault(s: Scenario, i: int, f: Fault) -> None:
+    src, key = s.source, f"faults[{i}]"
+    if f.when.point in EXTERNAL_POINTS:
+        raise _error(src, f"{key}.when.point", f"{f.kind} acts at a probe point", "use a probe point")
+    if f.kind == "disk_full" and s.storage.fs == "host":
+        raise _error(src, f"{key}.kind", "disk_full needs a file system of limited size",
+                     "add [storage] with fs = \"tmpfs\" or \"ext4\" and size_mb")
+    if f.kind == "disk_full" and f.headroom_kb < 0:
+        raise _error(src, f"{key}.headroom_kb", f"{f.headroom_kb}", "use 0 or more")
+    if f.kind in ("errno", "slow") and f.call not in CALLS:
+        raise _error(src, f"{key}.call", f"unknown call {f.call!r}", f"allowed: {', '.join(CALLS)}")
+    if f.kind == "errno":
+        if not (f.errno.startswith("E") and isinstance(getattr(errno_module, f.errno, None), int)):
+            raise _error(src, f"{key}.errno", f"unknown errno {f.errno!r}", "use a name such as ENOSPC, EIO, "
+                         "EDQUOT, EROFS")
+        if f.via not in ("faultfs", "libfiu"):
+            raise _error(src, f"{key}.via", f"unknown mechanism {f.via!r}", "allowed: faultfs, libfiu")
+        if f.nth_call < 1 or f.count < 0:
+            raise _error(src, f"{key}.nth_call", f"nth_call={f.nth_call}, count={f.count}",
+                         "nth_call counts from 1; count is 0 (every call) or more")
+        if f.probability is not None and not 0 < f.probability <= 1:
+            raise _error(src, f"{key}.probability", f"{f.probability}", "use a probability in (0, 1]")
+        if f.via == "libfiu":
+            if f.call not in LIBFIU_CALLS:
+                raise _error(src, f"{key}.call", f"libfiu cannot fail {f.call!r} (it does not wrap openat, "
+                             "renameat, mkdir...)", f"use via = \"faultfs\", or a call of {', '.join(LIBFIU_CALLS)}")
+            if f.path != "*" or f.nth_call != 1 or f.count != 1 or f.seed != 0:
+                raise _error(src, f"{key}.via", "libfiu fails the next call of the process (or each with a "
+                             "probability), whatever the path", "drop path/nth_call/count/seed, or use via = "
+                             "\"faultfs\"")
+    if f.kind == "slow" and f.latency_ms <= 0 and f.bandwidth_mb_s <= 0:
+        raise _error(src, f"{key}.latency_ms", "neither latency_ms nor bandwidth_mb_s is set",
+                     "set latency_ms > 0 and/or bandwidth_mb_s > 0")
+    if f.kind == "corrupt" and f.corruption not in CORRUPTIONS:
+        raise _error(src, f"{key}.corruption", f"unknown corruption {f.corruption!r}",
+                     f"allowed: {', '.join(CORRUPTIONS)}")
 
 
 def load(path: str | Path) -> Scenario:

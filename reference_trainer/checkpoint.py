@@ -273,7 +273,10 @@ class CheckpointManager:
         dest_root.mkdir(exist_ok=True)
         dest = dest_root / f"{path.name}.{int(time.time() * 1000)}"
         os.rename(path, dest)
-        (dest / "REJECTED_BECAUSE").write_text(reason + "\n")
+        try:
+            (dest / "REJECTED_BECAUSE").write_text(reason + "\n")
+        except OSError as e:  # a full disk must not stop the resume; the reason is in events.jsonl too
+            self.log("quarantine_note_failed", name=path.name, error=str(e))
         fsync_path(self.root)
 
     # -- saving ------------------------------------------------------------------------------

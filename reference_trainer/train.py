@@ -176,7 +176,13 @@ class Trainer:
             raise ConfigError(f"cannot resume from {choice.path}: incompatible config: {'; '.join(mismatches)}")
         probe.point("load.begin", name=choice.path.name, step=manifest["step"], micro=manifest["micro"])
         started = time.perf_counter()
-        load_checkpoint(self.ts, choice.path, manifest["world_size"], has_grads=manifest["micro"] > 0)
+        try:
+            load_checkpoint(self.ts, choice.path, manifest["world_size"], has_grads=manifest["micro"] > 0)
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            # A checkpoint that validated but cannot be read (an I/O error): say so, and exit non-zero
+            # so that the orchestrator restarts the job, which validates from scratch again.
+            self.log("load_failed", name=choice.path.name, error=f"{type(e).__name__}: {e}"[:2000])
+            raise
         load_s = time.perf_counter() - started
         digests = component_digests(self.ts) if self.cfg.record_digests else None
         self.step_loss = torch.tensor(self.ts.progress.partial_loss, dtype=torch.float32)

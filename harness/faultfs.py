@@ -1,0 +1,523 @@
+"""faultfs: a FUSE pass-through file system that fails, slows down and forgets, on command.
+
+The harness mounts it over a run's checkpoint directory (``harness/storage.py``) and drives it
+through a control socket while the trainer runs on top of it. Because it sits under the VFS, it
+sees every call a trainer makes whatever the call's flavour (``openat``, ``renameat2``,
+``mkdirat``, writes from any thread), which ``LD_PRELOAD`` tools such as libfiu cannot. It offers:
+
+* **Errno rules**: fail the n-th matching call (an operation, a glob over the path inside the
+  mount, optionally only calls from given processes) with a chosen errno, ``count`` times in a
+  row; or each matching call with a probability drawn from a seeded generator. Counting starts
+  when the rule is armed, so a rule armed at a probe point is as reproducible as the point.
+* **Slow storage**: a delay per write call and/or a bandwidth cap over all writes.
+* **Lost un-fsynced data** (as Jepsen's LazyFS, with directory semantics as ALICE's model):
+  with ``lazy`` on, the layer remembers what is durable. File data is durable once the file is
+  fsynced; a create, mkdir, unlink, rmdir or rename is durable once its directory is fsynced (a
+  rename once either of its directories is). ``crash`` turns the file system into the state a
+  power cut would leave: un-fsynced data is dropped (a file reverts to its last fsynced content,
+  a never-fsynced file is empty) and un-persisted namespace operations are undone, newest first.
+
+Run as ``python -m harness.faultfs BACKING MOUNTPOINT CONTROL_SOCKET FSNAME``. ``BACKING/data``
+is what the mount shows; ``BACKING/.faultfs`` holds durable copies and the entries that an
+undo may need back, on the same file system so that keeping them is a rename, not a copy.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import json
+import os
+import random
+import shutil
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
+
+# Call names a rule may use, and the FUSE operations each covers.
+CALLS = {
+    "open": ("open", "create"),
+    "write": ("write",),
+    "read": ("read",),
+    "fsync": ("fsync", "fsyncdir"),
+    "rename": ("rename",),
+    "unlink": ("unlink",),
+    "mkdir": ("mkdir",),
+    "rmdir": ("rmdir",),
+    "truncate": ("truncate",),
+    "any": ("open", "create", "write", "read", "fsync", "fsyncdir", "rename", "unlink", "mkdir", "rmdir",
+            "truncate"),
+}
+
+
+@dataclass
+class Rule:
+    """What to break: calls of ``call`` on paths matching ``path`` (relative to the mount root)."""
+
+    call: str = "any"
+    path: str = "*"
+    errno: int = errno.EIO
+    nth: int = 1  # the first matching call that fails (counted from arming)
+    count: int = 1  # how many matching calls fail from the nth on (0: all of them)
+    probability: float | None = None  # instead of nth/count: each matching call fails with this chance
+    seed: int = 0
+    pids: list[int] | None = None  # only calls from these processes (thread group ids)
+    delay_s: float = 0.0  # slow storage: added to every matching call (no failure when errno == 0)
+    bytes_per_s: float = 0.0  # slow storage: writes share this bandwidth
+    matched: int = 0
+    failed: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+
+@dataclass
+class _NsOp:
+    """A namespace operation not yet durable: enough to undo it."""
+
+    kind: str  # create | mkdir | unlink | rmdir | rename
+    dir_ino: int  # directory whose fsync makes it durable (for rename: the source directory)
+    name: str
+    ino: int = 0
+    dst_dir_ino: int = 0  # rename: destination directory (its fsync also makes it durable)
+    dst_name: str = ""
+    grave: str | None = None  # unlink: where the entry waits; rename: the entry it replaced
+
+
+def _tgid(tid: int) -> int:
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return tid
+
+
+class FaultFS(Operations):
+    use_ns = True  # utimens gets nanoseconds
+
+    def __init__(self, backing: str):
+        self.data = os.path.join(backing, "data")
+        self.keep = os.path.join(backing, ".faultfs")
+        os.makedirs(self.data, exist_ok=True)
+        os.makedirs(self.keep, exist_ok=True)
+        self._mutex = threading.RLock()
+        self.rules: dict[int, Rule] = {}
+        self.next_rule = 1
+        self.injected: list[dict] = []  # every failure this layer caused, for the history
+        self.calls: dict[str, int] = {}
+        self.lazy = False
+        self.dirty: dict[int, str | None] = {}  # inode -> copy of its durable content (None: empty)
+        self.ops: list[_NsOp] = []  # un-persisted namespace operations, oldest first
+        self.bandwidth_free_at = 0.0
+        self.serial = 0
+
+    # ---- rules --------------------------------------------------------------------------------
+
+    def _check(self, op: str, *paths: str, nbytes: int = 0) -> None:
+        """Count the call against every armed rule; sleep and/or raise as the rules say."""
+        delay, fail = 0.0, None
+        with self._mutex:
+            self.calls[op] = self.calls.get(op, 0) + 1
+            pid = None
+            for rid, r in self.rules.items():
+                if op not in CALLS[r.call]:
+                    continue
+                if not any(fnmatch.fnmatch(p.lstrip("/"), r.path) for p in paths):
+                    continue
+                if r.pids is not None:
+                    pid = pid if pid is not None else _tgid(fuse_get_context()[2])
+                    if pid not in r.pids:
+                        continue
+                r.matched += 1
+                if r.bytes_per_s and nbytes:
+                    start = max(time.monotonic(), self.bandwidth_free_at)
+                    self.bandwidth_free_at = start + nbytes / r.bytes_per_s
+                    delay = max(delay, self.bandwidth_free_at - time.monotonic())
+                delay += r.delay_s
+                if not r.errno or fail is not None:
+                    continue
+                if r.probability is not None:
+                    hit = r.rng.random() < r.probability
+                else:
+                    hit = r.matched >= r.nth and (r.count == 0 or r.failed < r.count)
+                if hit:
+                    r.failed += 1
+                    fail = r.errno
+                    self.injected.append({"t": time.time(), "rule": rid, "op": op, "path": paths[0],
+                                          "errno": errno.errorcode.get(r.errno, str(r.errno)),
+                                          "pid": pid if pid is not None else _tgid(fuse_get_context()[2])})
+        if delay > 0:
+            time.sleep(delay)
+        if fail is not None:
+            raise FuseOSError(fail)
+
+    def arm(self, spec: dict) -> int:
+        rule = Rule(**spec)
+        rule.rng = random.Random(rule.seed)
+        with self._mutex:
+            rid = self.next_rule
+            self.next_rule += 1
+            self.rules[rid] = rule
+        return rid
+
+    def disarm(self, rid: int | None = None) -> None:
+        with self._mutex:
+            if rid is None:
+                self.rules.clear()
+            else:
+                self.rules.pop(rid, None)
+
+    # ---- helpers ------------------------------------------------------------------------------
+
+    def _full(self, path: str) -> str:
+        return os.path.join(self.data, path.lstrip("/"))
+
+    def _ino(self, full: str) -> int:
+        return os.lstat(full).st_ino
+
+    def _grave(self) -> str:
+        self.serial += 1
+        return os.path.join(self.keep, f"grave-{self.serial}")
+
+    def _touch_data(self, full: str) -> None:
+        """Before the first change to a file since its last fsync, keep its durable content."""
+        st = os.lstat(full)
+        if st.st_ino in self.dirty:
+            return
+        copy = None
+        if st.st_size:
+            copy = os.path.join(self.keep, f"data-{st.st_ino}")
+            shutil.copyfile(full, copy)
+        self.dirty[st.st_ino] = copy
+
+    def _log(self, op: _NsOp) -> None:
+        if self.lazy:
+            self.ops.append(op)
+
+    # ---- the pass-through operations ------------------------------------------------------------
+
+    def getattr(self, path, fh=None):
+        st = os.lstat(self._full(path))
+        return {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_ino",
+                                            "st_atime", "st_mtime", "st_ctime", "st_blocks")}
+
+    def readdir(self, path, fh):
+        return [".", ".."] + os.listdir(self._full(path))
+
+    def access(self, path, amode):
+        if not os.access(self._full(path), amode):
+            raise FuseOSError(errno.EACCES)
+        return 0
+
+    def statfs(self, path):
+        sv = os.statvfs(self.data)
+        return {k: getattr(sv, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
+                                            "f_files", "f_ffree", "f_favail", "f_flag", "f_namemax")}
+
+    def open(self, path, flags):
+        self._check("open", path)
+        full = self._full(path)
+        with self._mutex:
+            if self.lazy and flags & os.O_TRUNC:
+                self._touch_data(full)
+            return os.open(full, flags)
+
+    def create(self, path, mode, fi=None):
+        self._check("create", path)
+        full = self._full(path)
+        with self._mutex:
+            existed = os.path.lexists(full)
+            if self.lazy and existed:
+                self._touch_data(full)
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            if self.lazy and not existed:
+                ino = os.fstat(fd).st_ino
+                self.dirty[ino] = None
+                self._log(_NsOp("create", self._ino(os.path.dirname(full)), os.path.basename(full), ino))
+            return fd
+
+    def read(self, path, size, offset, fh):
+        self._check("read", path)
+        return os.pread(fh, size, offset)
+
+    def write(self, path, data, offset, fh):
+        self._check("write", path, nbytes=len(data))
+        with self._mutex:
+            if self.lazy:
+                self._touch_data(self._full(path))
+            return os.pwrite(fh, data, offset)
+
+    def truncate(self, path, length, fh=None):
+        self._check("truncate", path)
+        full = self._full(path)
+        with self._mutex:
+            if self.lazy:
+                self._touch_data(full)
+            os.truncate(full if fh is None else fh, length)
+        return 0
+
+    def flush(self, path, fh):
+        return 0  # close() is not a durability point; only fsync is
+
+    def release(self, path, fh):
+        os.close(fh)
+        return 0
+
+    def fsync(self, path, datasync, fh):
+        self._check("fsync", path)
+        os.fsync(fh)
+        with self._mutex:
+            copy = self.dirty.pop(os.fstat(fh).st_ino, None)
+            if copy:
+                os.unlink(copy)
+        return 0
+
+    def fsyncdir(self, path, datasync, fh):
+        self._check("fsyncdir", path)
+        full = self._full(path)
+        fd = os.open(full, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with self._mutex:
+            self._persist_dir(self._ino(full))
+        return 0
+
+    def _persist_dir(self, dir_ino: int) -> None:
+        durable = [op for op in self.ops if dir_ino in (op.dir_ino, op.dst_dir_ino)]
+        self.ops = [op for op in self.ops if op not in durable]
+        for op in durable:
+            if op.grave:
+                _remove(op.grave)
+            if op.kind == "rmdir":  # the directory is gone for good, and with it what happened inside
+                inside = [o for o in self.ops if o.dir_ino == op.ino]
+                self.ops = [o for o in self.ops if o not in inside]
+                for o in inside:
+                    if o.grave:
+                        _remove(o.grave)
+
+    def mkdir(self, path, mode):
+        self._check("mkdir", path)
+        full = self._full(path)
+        with self._mutex:
+            os.mkdir(full, mode)
+            self._log(_NsOp("mkdir", self._ino(os.path.dirname(full)), os.path.basename(full), self._ino(full)))
+        return 0
+
+    def rmdir(self, path):
+        self._check("rmdir", path)
+        full = self._full(path)
+        with self._mutex:
+            ino, parent = self._ino(full), self._ino(os.path.dirname(full))
+            os.rmdir(full)
+            self._log(_NsOp("rmdir", parent, os.path.basename(full), ino))
+        return 0
+
+    def unlink(self, path):
+        self._check("unlink", path)
+        full = self._full(path)
+        with self._mutex:
+            if not self.lazy:
+                os.unlink(full)
+                return 0
+            op = _NsOp("unlink", self._ino(os.path.dirname(full)), os.path.basename(full), self._ino(full),
+                       grave=self._grave())
+            os.rename(full, op.grave)  # kept until the unlink is durable: a crash may bring it back
+            self.ops.append(op)
+        return 0
+
+    def rename(self, old, new, flags=0):
+        self._check("rename", old, new)
+        src, dst = self._full(old), self._full(new)
+        with self._mutex:
+            if not self.lazy:
+                os.rename(src, dst)
+                return 0
+            op = _NsOp("rename", self._ino(os.path.dirname(src)), os.path.basename(src), self._ino(src),
+                       dst_dir_ino=self._ino(os.path.dirname(dst)), dst_name=os.path.basename(dst))
+            if os.path.lexists(dst) and not os.path.isdir(dst):
+                op.grave = self._grave()
+                os.rename(dst, op.grave)
+            os.rename(src, dst)
+            self.ops.append(op)
+        return 0
+
+    def chmod(self, path, mode):
+        os.chmod(self._full(path), mode)
+        return 0
+
+    def chown(self, path, uid, gid):
+        os.chown(self._full(path), uid, gid)
+        return 0
+
+    def utimens(self, path, times=None):
+        os.utime(self._full(path), ns=times)
+        return 0
+
+    # ---- power loss -----------------------------------------------------------------------------
+
+    def set_lazy(self, on: bool) -> None:
+        with self._mutex:
+            if on and not self.lazy:
+                self.dirty.clear()
+                self.ops.clear()
+            self.lazy = on
+
+    def crash(self) -> dict:
+        """Become what a power cut would leave: drop un-fsynced data, undo un-persisted namespace ops."""
+        with self._mutex:
+            dirs, files = _index(self.data)
+            truncated, restored = [], []
+            for ino, copy in self.dirty.items():
+                path = files.get(ino) or _find_in(self.keep, ino)
+                if path is None:
+                    continue
+                if copy is None:
+                    os.truncate(path, 0)
+                    truncated.append(os.path.relpath(path, self.data))
+                else:
+                    shutil.copyfile(copy, path)
+                    os.unlink(copy)
+                    restored.append(os.path.relpath(path, self.data))
+            self.dirty.clear()
+            undone = []
+            renumbered: dict[int, int] = {}  # a directory re-created by an undo has a new inode
+
+            def where(ino: int) -> str | None:
+                ino = renumbered.get(ino, ino)
+                return dirs.get(ino)
+
+            for op in reversed(self.ops):
+                parent = where(op.dir_ino)
+                if parent is None:
+                    continue
+                here = os.path.join(parent, op.name)
+                if op.kind in ("create", "mkdir"):
+                    if os.path.lexists(here) and os.lstat(here).st_ino == op.ino:
+                        _remove(here)
+                        undone.append(f"{op.kind} {os.path.relpath(here, self.data)}")
+                elif op.kind == "unlink":
+                    if os.path.lexists(op.grave):
+                        os.rename(op.grave, here)
+                        undone.append(f"unlink {os.path.relpath(here, self.data)}")
+                elif op.kind == "rmdir":
+                    if os.path.lexists(here):
+                        continue
+                    os.mkdir(here)
+                    renumbered[op.ino] = os.lstat(here).st_ino
+                    dirs[renumbered[op.ino]] = here
+                    undone.append(f"rmdir {os.path.relpath(here, self.data)}")
+                elif op.kind == "rename":
+                    dst_parent = where(op.dst_dir_ino)
+                    if dst_parent is None:
+                        continue
+                    there = os.path.join(dst_parent, op.dst_name)
+                    if not os.path.lexists(there):
+                        continue
+                    os.rename(there, here)
+                    if op.grave and os.path.lexists(op.grave):
+                        os.rename(op.grave, there)
+                    undone.append(f"rename {os.path.relpath(here, self.data)} -> "
+                                  f"{os.path.relpath(there, self.data)}")
+                    dirs, _ = _index(self.data)  # a directory may have moved
+            self.ops.clear()
+            for name in os.listdir(self.keep):
+                _remove(os.path.join(self.keep, name))
+            return {"truncated": sorted(truncated), "restored": sorted(restored), "undone": undone}
+
+    def status(self) -> dict:
+        with self._mutex:
+            return {"calls": dict(self.calls), "injected": list(self.injected), "lazy": self.lazy,
+                    "dirty_files": len(self.dirty), "pending_namespace_ops": len(self.ops),
+                    "rules": {rid: {"call": r.call, "path": r.path, "matched": r.matched, "failed": r.failed}
+                              for rid, r in self.rules.items()}}
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _index(root: str) -> tuple[dict[int, str], dict[int, str]]:
+    """inode -> path of every directory (root included) and every file under ``root``."""
+    dirs, files = {os.lstat(root).st_ino: root}, {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            p = os.path.join(dirpath, d)
+            dirs[os.lstat(p).st_ino] = p
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            files[os.lstat(p).st_ino] = p
+    return dirs, files
+
+
+def _find_in(root: str, ino: int) -> str | None:
+    for dirpath, _, filenames in os.walk(root):
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            if os.lstat(p).st_ino == ino:
+                return p
+    return None
+
+
+# ---- control socket ----------------------------------------------------------------------------
+
+def _serve(fs: FaultFS, address: str) -> None:
+    """JSON lines: {"cmd": "arm", "rule": {...}} | disarm | lazy | crash | status | ping."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(address)
+    srv.listen(8)
+    while True:
+        conn, _ = srv.accept()
+        threading.Thread(target=_client, args=(fs, conn), daemon=True).start()
+
+
+def _client(fs: FaultFS, conn: socket.socket) -> None:
+    with conn, conn.makefile("rw") as f:
+        for line in f:
+            try:
+                req = json.loads(line)
+                cmd = req["cmd"]
+                if cmd == "arm":
+                    out = {"id": fs.arm(req["rule"])}
+                elif cmd == "disarm":
+                    fs.disarm(req.get("id"))
+                    out = {}
+                elif cmd == "lazy":
+                    fs.set_lazy(bool(req["on"]))
+                    out = {}
+                elif cmd == "crash":
+                    out = fs.crash()
+                elif cmd == "status":
+                    out = fs.status()
+                elif cmd == "ping":
+                    out = {}
+                else:
+                    raise ValueError(f"unknown command {cmd!r}")
+                reply = {"ok": True, **out}
+            except Exception as e:  # the caller gets the error; the file system keeps serving
+                reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            f.write(json.dumps(reply) + "\n")
+            f.flush()
+
+
+def main(argv: list[str]) -> None:
+    backing, mountpoint, control, fsname = argv
+    fs = FaultFS(backing)
+    threading.Thread(target=_serve, args=(fs, control), daemon=True).start()
+    # direct_io and zero cache timeouts: every call reaches this layer, and what a crash changes
+    # underneath is what the next reader sees.
+    FUSE(fs, mountpoint, foreground=True, nothreads=False, fsname=fsname, direct_io=True,
+         attr_timeout=0, entry_timeout=0, negative_timeout=0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
