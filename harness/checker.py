@@ -296,12 +296,16 @@ def _resume_choice(run: Run, report: Report) -> None:
             report.add(f"never_loaded_torn@{launch}", reason is None,
                        f"{name} validated after the crash" if reason is None else
                        f"launch {launch} loaded {name} although it was not a valid checkpoint: {reason}"
-                       f"{_blame(run, before['t'])}")
+                       f"{_blame(run, before['t'], name)}")
 
 
 def _crash_states(run: Run, report: Report) -> None:
     """At every crash: `latest` names a valid checkpoint, and no committed checkpoint was lost."""
-    committed = [e for e in run.trainer("committed")]
+    # Committed: the trainer said so, or (a probed trainer) its commit rename happened.
+    committed = sorted([{"name": e["name"], "t": e.get("t", 0), "attempt": e.get("attempt")}
+                        for e in run.trainer("committed")]
+                       + [{"name": h["info"]["name"], "t": h["t"], "attempt": h["launch"]} for h in run.history
+                          if h["source"] == "probe" and h["kind"] == "ckpt.commit"], key=lambda c: c["t"])
     retention = run.trainer("retention")
     for ex in run.harness("exit"):
         if ex["rc"] == 0 and run.trainer("finished", ex["launch"]):
@@ -335,18 +339,22 @@ def _crash_states(run: Run, report: Report) -> None:
             why = (f"; retention deleted it while the next save had not committed" if deleted else "")
             report.add(f"committed_survives@{ex['launch']}", False,
                        f"{last} was committed before the crash but is not valid after it, and nothing newer is"
-                       f" ({snap['checkpoints'].get(last, 'gone')}){why}{_blame(run, ex['t'])}")
+                       f" ({snap['checkpoints'].get(last, 'gone')}){why}{_blame(run, ex['t'], last)}")
 
 
-def _blame(run: Run, t: float) -> str:
-    """", after FAULT": the last fault before ``t``, with what it did, for a diagnosis."""
+def _blame(run: Run, t: float, ckpt: str | None = None) -> str:
+    """"; after FAULT at POINT": the fault that explains a finding at time ``t``, for the diagnosis:
+    the corruption of ``ckpt`` if one was done, otherwise the last fault before ``t``."""
     before = [h for h in run.harness("fault") if h["t"] <= t]
+    aimed = [h for h in before if ckpt is not None and h.get("checkpoint") == ckpt]
     if not before:
         return ""
-    h = before[-1]
+    h = (aimed or before)[-1]
+    fault = run.s.faults[h["index"]]
     at = h["at"]
-    where = f"{at['point']} (rank {at['rank']}" + (f", {at['info']['file']}" if "file" in at.get("info", {}) else "") + ")"
-    out = f"; after {h['fault']} at {where}"
+    what = {"errno": f"errno ({fault.errno} on {fault.call} of {fault.path})",
+            "corrupt": f"corrupt ({fault.corruption} {'; '.join(h.get('files', []))})"}.get(h["fault"], h["fault"])
+    out = f"; after {what} at {at['point']} (rank {at['rank']})"
     lost = h.get("lost")
     if lost:
         out += (f", which lost the un-fsynced data of {len(lost['truncated']) + len(lost['restored'])} file(s) "
@@ -368,7 +376,9 @@ def _storage_effects(run: Run, report: Report) -> None:
         ex = run.exit_of(launch)
         reported = [e for e in run.events if e["event"] in SURFACED and e.get("attempt") == launch
                     and e.get("t", 0) >= h["t"]]
-        stopped = ex is not None and ex["rc"] != 0
+        # The launch stopping counts as reporting the fault only if no later fault stopped it.
+        later_faults = [x for x in run.harness("fault") if x["launch"] == launch and x["t"] > h["t"] and x["index"] != i]
+        stopped = ex is not None and ex["rc"] != 0 and not later_faults
         if fault.kind == "errno":
             hits = injected.get((launch, h.get("rule")), []) if h.get("via") == "faultfs" else None
             if hits is not None:

@@ -17,7 +17,8 @@ sees every call a trainer makes whatever the call's flavour (``openat``, ``renam
   power cut would leave: un-fsynced data is dropped (a file reverts to its last fsynced content,
   a never-fsynced file is empty) and un-persisted namespace operations are undone, newest first.
 
-Run as ``python -m harness.faultfs BACKING MOUNTPOINT CONTROL_SOCKET FSNAME``. ``BACKING/data``
+Run as ``python -m harness.faultfs BACKING MOUNTPOINT CONTROL_SOCKET FSNAME`` (``@name``: an
+abstract socket). ``BACKING/data``
 is what the mount shows; ``BACKING/.faultfs`` holds durable copies and the entries that an
 undo may need back, on the same file system so that keeping them is a rename, not a copy.
 """
@@ -37,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 
 from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
+
+from harness.storage import socket_address
 
 # Call names a rule may use, and the FUSE operations each covers.
 CALLS = {
@@ -473,7 +476,7 @@ def _find_in(root: str, ino: int) -> str | None:
 def _serve(fs: FaultFS, address: str) -> None:
     """JSON lines: {"cmd": "arm", "rule": {...}} | disarm | lazy | crash | status | ping."""
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(address)
+    srv.bind(socket_address(address))
     srv.listen(8)
     while True:
         conn, _ = srv.accept()

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,11 @@ def missing(fs: str = "host", faultfs: bool = False, libfiu: bool = False) -> st
 
 # ---- faultfs control ------------------------------------------------------------------------------
 
+def socket_address(address: str) -> str:
+    """``@name`` is a Linux abstract socket: no path length limit, no file to clean up."""
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
 class FaultFSClient:
     def __init__(self, address: str):
         self.address = address
@@ -92,7 +98,7 @@ class FaultFSClient:
     def call(self, cmd: str, **args) -> dict:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(60)
-            s.connect(self.address)
+            s.connect(socket_address(self.address))
             f = s.makefile("rw")
             f.write(json.dumps({"cmd": cmd, **args}) + "\n")
             f.flush()
@@ -171,14 +177,14 @@ class Storage:
             self._mounted.append(self.fs)
         self.data.mkdir(exist_ok=True)
         if self.spec.faultfs:
-            control = self.root / "faultfs.sock"
+            control = f"@{self.tag}-{uuid.uuid4().hex[:12]}"  # abstract: run paths can be too long
             log = open(self.root / "faultfs.log", "ab")
             self._daemon = subprocess.Popen(
-                [sys.executable, "-m", "harness.faultfs", str(self.fs), str(self.ckpt), str(control), self.tag],
+                [sys.executable, "-m", "harness.faultfs", str(self.fs), str(self.ckpt), control, self.tag],
                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True)
             log.close()
             self._mounted.append(self.ckpt)
-            self.client = FaultFSClient(str(control))
+            self.client = FaultFSClient(control)
             self._wait_for_faultfs()
             if self.spec.lazy:
                 self.client.call("lazy", on=True)

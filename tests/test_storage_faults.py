@@ -1,0 +1,199 @@
+"""Storage faults are real and leave nothing behind; planted storage bugs are caught and named.
+
+These tests mount file systems (tmpfs, FUSE): without root, /dev/fuse or the Debian packages
+that ``make setup`` installs they are skipped, with the reason, and never pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.launcher import REPO_ROOT
+from harness.runner import run_scenario
+from harness.scenario import load
+from harness.storage import Storage, StorageSpec, leftovers, missing, remove_leftovers
+
+SCENARIOS = REPO_ROOT / "scenarios" / "storage"
+NO_FAULTFS = missing("tmpfs", faultfs=True)
+needs_faultfs = pytest.mark.skipif(NO_FAULTFS is not None, reason=f"cannot mount faultfs here: {NO_FAULTFS}")
+
+
+def ours(pid: int) -> dict[str, list]:
+    """Mounts and faultfs processes that harness process ``pid`` made."""
+    tag = f"ckpt-chaos-{pid}"
+    left = leftovers()
+    from harness.storage import _our_mounts
+
+    mounts = [m for m, owner in _our_mounts().items() if owner == pid]
+    procs = []
+    for p in left["faultfs_processes"]:
+        try:
+            if tag in " ".join(Path(f"/proc/{p}/cmdline").read_text().split("\0")):
+                procs.append(p)
+        except OSError:
+            pass
+    return {"mounts": mounts, "faultfs_processes": procs}
+
+
+# ---- faultfs on its own: the power-loss model, errno rules ------------------------------------------
+
+@needs_faultfs
+def test_power_loss_keeps_exactly_what_was_made_durable(tmp_path):
+    with Storage(tmp_path, StorageSpec(fs="tmpfs", size_mb=16, faultfs=True, lazy=True)) as st:
+        m = st.ckpt
+        with open(m / "synced", "wb") as f:  # data and name both made durable
+            f.write(b"durable")
+            f.flush()
+            os.fsync(f.fileno())
+        fd = os.open(m, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        (m / "unsynced").write_bytes(b"lost")  # neither data nor name fsynced
+        os.mkdir(m / "dir")
+        with open(m / "dir" / "named-only", "wb") as f:  # name made durable, data not
+            f.write(b"gone")
+        fd = os.open(m / "dir", os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        with open(m / "synced", "ab") as f:  # appended after the fsync: the append is lost
+            f.write(b" + more")
+        os.rename(m / "synced", m / "renamed")  # never made durable: undone
+        lost = st.client.call("crash")
+        assert sorted(os.listdir(m)) == ["synced"]
+        assert (m / "synced").read_bytes() == b"durable"
+        assert "rename synced -> renamed" in lost["undone"] and "create unsynced" in lost["undone"]
+        # "dir" itself was never made durable in its parent, so its durable content goes with it.
+        assert "mkdir dir" in lost["undone"]
+    assert not (tmp_path / ".storage").exists()
+
+
+@needs_faultfs
+def test_errno_rule_fails_the_nth_matching_call_only(tmp_path):
+    with Storage(tmp_path, StorageSpec(fs="host", faultfs=True)) as st:
+        st.client.call("arm", rule={"call": "open", "path": "b*", "errno": errno.EDQUOT, "nth": 2, "count": 1})
+        (st.ckpt / "a1").write_bytes(b"x")  # does not match the path
+        (st.ckpt / "b1").write_bytes(b"x")  # 1st match
+        with pytest.raises(OSError) as e:
+            (st.ckpt / "b2").write_bytes(b"x")  # 2nd match: fails (an openat from Python's open)
+        assert e.value.errno == errno.EDQUOT
+        (st.ckpt / "b3").write_bytes(b"x")  # count = 1: only one failure
+        status = st.client.call("status")
+        assert [(i["op"], i["path"], i["errno"]) for i in status["injected"]] == [("create", "/b2", "EDQUOT")]
+
+
+@needs_faultfs
+def test_disk_full_is_a_real_enospc(tmp_path):
+    with Storage(tmp_path, StorageSpec(fs="tmpfs", size_mb=8)) as st:
+        filled = st.fill(headroom=64 * 1024)
+        assert filled["free_after"] <= 64 * 1024
+        with pytest.raises(OSError) as e:
+            (st.ckpt / "big").write_bytes(b"x" * (1 << 20))
+        assert e.value.errno == errno.ENOSPC
+        assert st.drain()
+        (st.ckpt / "big").write_bytes(b"x" * (1 << 20))
+    assert (tmp_path / "checkpoints" / "big").stat().st_size == 1 << 20  # copied out for post-mortem
+    assert not os.path.ismount(tmp_path / "checkpoints")
+
+
+# ---- nothing is left behind ----------------------------------------------------------------------
+
+def _start_cli(tmp_path, scenario: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", scenario, "--reports", str(tmp_path / "r"),
+                             "--golden-dir", str(tmp_path / "golden")],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_mounts(cli: subprocess.Popen, n: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(ours(cli.pid)["mounts"]) < n:
+        assert cli.poll() is None, cli.communicate()[0]
+        time.sleep(0.1)
+    assert len(ours(cli.pid)["mounts"]) >= n, "the scenario never mounted its storage"
+
+
+@pytest.mark.slow
+@needs_faultfs
+def test_interrupted_storage_scenario_leaves_no_mount_process_or_directory(tmp_path):
+    cli = _start_cli(tmp_path, "power-loss-mid-shard-write")
+    try:
+        _wait_for_mounts(cli, 1)  # faultfs (over a plain directory)
+        time.sleep(2)  # into training, with files open on faultfs
+        cli.send_signal(signal.SIGINT)
+        out, _ = cli.communicate(timeout=120)
+    finally:
+        cli.kill()
+    assert cli.returncode == 130, out
+    assert ours(cli.pid) == {"mounts": [], "faultfs_processes": []}
+    assert not list((tmp_path / "r").rglob(".storage")), "the storage directory was left behind"
+
+
+@pytest.mark.slow
+@needs_faultfs
+def test_leftovers_of_a_killed_harness_are_removed(tmp_path):
+    cli = _start_cli(tmp_path, "disk-full-mid-shard-write")
+    try:
+        _wait_for_mounts(cli, 2)  # tmpfs + bind mount
+    finally:
+        cli.kill()  # SIGKILL: no chance to clean up
+        cli.wait()
+    time.sleep(1)
+    assert ours(cli.pid)["mounts"], "expected the killed harness to leave its mounts"
+    removed = remove_leftovers()
+    assert ours(cli.pid) == {"mounts": [], "faultfs_processes": []}, removed
+
+
+# ---- planted storage bugs ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def golden_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("golden")
+
+
+def run_planted(tmp_path, golden_root, scenario_file: str, module: str):
+    s = dataclasses.replace(load(SCENARIOS / scenario_file), trainer_module=module)
+    result = run_scenario(s, tmp_path, golden_root)
+    assert result.verdict == "fail", "the harness missed the planted bug"
+    assert ours(os.getpid()) == {"mounts": [], "faultfs_processes": []}
+    return {c["name"]: c["detail"] for c in result.checks if c["verdict"] == "fail"}
+
+
+@pytest.mark.slow
+@needs_faultfs
+def test_rename_without_fsync_is_caught_by_power_loss(tmp_path, golden_root):
+    bad = run_planted(tmp_path, golden_root, "power-loss-after-latest.toml", "tests.planted.rename_without_fsync")
+    detail = bad["committed_survives@0"]
+    assert "step_00000008 was committed before the crash but is not valid after it" in detail
+    assert "after power_loss at ckpt.latest (rank 0), which lost the un-fsynced data" in detail
+    # step 4 was committed the same way: nothing survives, the relaunch starts over
+    assert "launch 1 resumed from scratch, expected step_00000008" in bad["resume_from"]
+
+
+@pytest.mark.slow
+def test_loader_trusting_the_newest_directory_is_caught(tmp_path, golden_root):
+    bad = run_planted(tmp_path, golden_root, "corrupt-bitflip-in-shard.toml", "tests.planted.loader_trusts_newest")
+    detail = bad["never_loaded_torn@1"]
+    assert "launch 1 loaded step_00000008 although it was not a valid checkpoint" in detail
+    assert "__0_0.distcp fails its SHA-256 checksum" in detail
+    assert "after corrupt (flip __0_0.distcp: 8 bits flipped" in detail
+    assert "did not reject it; it resumed from step_00000008" in bad["fault_0_detected"]
+
+
+@pytest.mark.slow
+@needs_faultfs
+def test_save_swallowing_enospc_is_caught(tmp_path, golden_root):
+    bad = run_planted(tmp_path, golden_root, "errno-enospc-mid-shard-write.toml", "tests.planted.save_swallows_enospc")
+    assert "reported no failure" in bad["fault_0_surfaced"] and "an error was swallowed" in bad["fault_0_surfaced"]
+    detail = bad["committed_valid@step_00000008"]
+    assert "the trainer reported step_00000008 committed, but it is not a valid checkpoint" in detail
+    assert "after errno (ENOSPC on write of .tmp-*/__1_0.distcp) at ckpt.stage (rank 1)" in detail
