@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
-.PHONY: setup system-packages test chaos clean
+.PHONY: setup test chaos bench clean
 
 setup: $(STAMP) $(SYSTEM_STAMP)
 
@@ -43,6 +43,10 @@ test: setup
 
 chaos: setup
 	$(VENV)/bin/ckpt-chaos run --suite default
+
+# Benchmarks: apart from the tests, several rounds, medians and ratios; figures kept in benchmarks/results.
+bench: setup
+	$(PY) benchmarks/storage_stall.py --rounds 5
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

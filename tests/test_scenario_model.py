@@ -59,6 +59,62 @@ def test_invalid_files_name_the_file_the_key_and_the_fix(tmp_path, edit, key, hi
     assert hint in msg
 
 
+STORAGE = """
+world_size = 2
+[trainer]
+max_steps = 12
+[storage]
+fs = "tmpfs"
+size_mb = 16
+[[faults]]
+kind = "errno"
+call = "fsync"
+errno = "EIO"
+path = ".tmp-*/__1_0.distcp"
+target = "rank:1"
+when = { point = "ckpt.stage", rank = 1, save = 2 }
+"""
+
+
+@pytest.mark.parametrize("edit,key,hint", [
+    (('errno = "EIO"', 'errno = "EOOPS"'), "faults[0].errno", "unknown errno 'EOOPS'"),
+    (('call = "fsync"', 'call = "sync"'), "faults[0].call", "allowed: open, write, read, fsync"),
+    (('call = "fsync"', 'call = "fsync"\ngrace_s = 3'), "faults[0].grace_s", "does not apply to kind 'errno'"),
+    (('kind = "errno"', 'kind = "disk_full"'), "faults[0].call", "disk_full takes headroom_kb, keep_full"),
+    (('fs = "tmpfs"', 'fs = "zfs"'), "storage.fs", "allowed: host, tmpfs, ext4"),
+    (("size_mb = 16", "size_mb = 1"), "storage.size_mb", "use 8 to 4096"),
+    (('call = "fsync"', 'call = "fsync"\nvia = "libfiu"'), "faults[0].via", "whatever the path"),
+    (('call = "fsync"', 'call = "mkdir"\nvia = "libfiu"'), "faults[0].call", "libfiu cannot fail 'mkdir'"),
+    (('call = "fsync"', 'call = "fsync"\nprobability = 1.5'), "faults[0].probability", "(0, 1]"),
+])
+def test_invalid_storage_faults_name_the_key_and_the_fix(tmp_path, edit, key, hint):
+    path = write(tmp_path, STORAGE.replace(*edit))
+    with pytest.raises(ScenarioError) as e:
+        load(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: {key}: "), msg
+    assert hint in msg
+
+
+def test_disk_full_on_the_host_file_system_is_refused(tmp_path):
+    text = STORAGE.replace('fs = "tmpfs"', 'fs = "host"').replace('kind = "errno"', 'kind = "disk_full"')
+    text = "\n".join(line for line in text.splitlines() if not line.startswith(("call", "errno", "path")))
+    with pytest.raises(ScenarioError) as e:
+        load(write(tmp_path, text))
+    assert "disk_full needs a file system of limited size" in str(e.value)
+    assert 'fs = "tmpfs"' in str(e.value)
+
+
+def test_storage_faults_round_trip_and_choose_their_stack(tmp_path):
+    s = load(write(tmp_path, STORAGE))
+    assert s.families == ["storage"] and s.storage.fs == "tmpfs"
+    spec = s.storage_spec()
+    assert (spec.fs, spec.faultfs, spec.lazy, spec.libfiu) == ("tmpfs", True, False, False)
+    again = load(write(tmp_path, s.to_toml(), "again.toml"))
+    assert again.to_dict() == {**s.to_dict(), "name": "s"}
+    assert "grace_s" not in s.to_toml()  # keys of other kinds are not written
+
+
 def test_world_size_change_must_not_claim_bit_exact(tmp_path):
     with pytest.raises(ScenarioError, match="expect.trajectory: bit-exact across a world-size change"):
         load(write(tmp_path, GOOD + "[recovery]\nworld_size = 4\n"))

@@ -197,3 +197,13 @@ def test_save_swallowing_enospc_is_caught(tmp_path, golden_root):
     detail = bad["committed_valid@step_00000008"]
     assert "the trainer reported step_00000008 committed, but it is not a valid checkpoint" in detail
     assert "after errno (ENOSPC on write of .tmp-*/__1_0.distcp) at ckpt.stage (rank 1)" in detail
+
+
+def test_a_machine_without_what_a_fault_needs_skips_loudly(tmp_path, monkeypatch):
+    import harness.nemesis
+
+    monkeypatch.setattr(harness.nemesis, "missing", lambda *a, **k: "mounting a file system needs root")
+    result = run_scenario(load(SCENARIOS / "disk-full-mid-shard-write.toml"), tmp_path / "r", tmp_path / "golden")
+    assert result.verdict == "skipped"
+    assert result.reason == ("cannot inject disk_full on fs=tmpfs: mounting a file system needs root")
+    assert not (tmp_path / "r").exists(), "a skipped scenario must not run or write anything"
