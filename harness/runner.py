@@ -18,6 +18,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -104,15 +105,23 @@ def golden_run(module: str, cfg: dict, world_size: int, root: Path = DEFAULT_GOL
     with FileLock(str(root / f"{key}.lock")):
         if final_state(final) is not None:
             return final
-        work = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
-        job = launch(work, world_size, trainer_args({**cfg, "run_dir": str(work)}), module=module)
-        try:
-            rc = job.wait(timeout)
-        finally:
-            job.kill()
-        if rc != 0 or final_state(work) is None:
+        for attempt in (1, 2):
+            work = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+            job = launch(work, world_size, trainer_args({**cfg, "run_dir": str(work)}), module=module)
+            try:
+                rc = job.wait(timeout)
+            finally:
+                job.kill()
+            if rc == 0 and final_state(work) is not None:
+                break
             log = (work / "torchrun.log").read_text()[-3000:] if (work / "torchrun.log").exists() else ""
-            raise RuntimeError(f"golden run of {module} at world size {world_size} failed (exit {rc}):\n{log}")
+            if attempt == 2:
+                raise RuntimeError(f"golden run of {module} at world size {world_size} failed twice (exit {rc}):\n{log}")
+            # A fault-free run that fails is not what a scenario tests: on a loaded 2-core machine gloo
+            # occasionally aborts a worker ("terminate called without an active exception"). Say so and
+            # retry once; a trainer that fails deterministically fails again and stops the scenario.
+            print(f"ckpt-chaos: WARNING: golden run of {module} at world size {world_size} failed (exit {rc}), "
+                  f"retrying once; its log: {work / 'torchrun.log'}", file=sys.stderr, flush=True)
         shutil.rmtree(work / "checkpoints", ignore_errors=True)  # only the records are needed
         if final.exists():
             shutil.rmtree(final)

@@ -163,7 +163,10 @@ def test_sigterm_writes_an_emergency_checkpoint_and_loses_no_step(golden, tmp_pa
             job.kill()
     (stop,) = trainer_events(tmp_path, "stopped")
     assert stop["reason"] == "preempt"
-    assert max(trajectory(tmp_path)) == 6
+    # torchrun forwards the signal when it gets to it: the stop lands inside step 7 or a little later,
+    # and the emergency checkpoint holds every step completed before it.
+    assert stop["step"] >= 6
+    assert max(trajectory(tmp_path)) == stop["step"]
     assert train(tmp_path) == 0, log_tail(tmp_path)
     (load,) = trainer_events(tmp_path, "loaded")
     assert (load["step"], load["micro"]) == (stop["step"], stop["micro"])  # zero lost work
