@@ -90,6 +90,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f(r["time_to_detect_s"]), f(r["time_to_recover_s"]), f(r["save_s"], 3))
     console.print(t)
     console.print(f"report: {html}")
+    skipped = [r for r in rows if r["verdict"] == "skipped"]
+    for r in skipped:
+        console.print(f"[yellow]SKIPPED[/] {r['scenario']}: {r['reason']}")
+    if skipped and args.strict:
+        console.print(f"[red]--strict: {len(skipped)} scenario(s) could not run on this machine[/]")
+        return 1
     return 1 if any(r["verdict"] == "fail" for r in rows) else 0
 
 
@@ -154,6 +160,8 @@ def parser() -> argparse.ArgumentParser:
     selection(c)
     c.add_argument("--reports", default=str(REPORTS_DIR), help="where results are written")
     c.add_argument("--golden-dir", default=str(REPO_ROOT / "runs" / "golden"), help="cache of fault-free runs")
+    c.add_argument("--strict", action="store_true",
+                   help="a scenario skipped for want of root, FUSE, libfiu... fails the run (CI)")
     c.set_defaults(func=cmd_run)
 
     c = sub.add_parser("check", help="re-check a stored scenario run (reports/<suite>/<time>/<scenario>)")

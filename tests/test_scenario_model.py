@@ -51,7 +51,11 @@ def test_a_valid_file_loads_and_round_trips_through_toml(tmp_path):
     (("max_steps = 12", "max_steps = 12\n[expect]\ntrajectory = \"close\""), "expect.trajectory", "allowed: bit-exact, tolerance"),
 ])
 def test_invalid_files_name_the_file_the_key_and_the_fix(tmp_path, edit, key, hint):
-    path = write(tmp_path, GOOD.replace(*edit))
+    assert_refused(write(tmp_path, GOOD.replace(*edit)), key, hint)
+
+
+def assert_refused(path: Path, key: str, hint: str) -> None:
+    """Loading ``path`` fails with "<file>: <key>: ..." and the message contains ``hint``."""
     with pytest.raises(ScenarioError) as e:
         load(path)
     msg = str(e.value)
@@ -88,12 +92,7 @@ when = { point = "ckpt.stage", rank = 1, save = 2 }
     (('call = "fsync"', 'call = "fsync"\nprobability = 1.5'), "faults[0].probability", "(0, 1]"),
 ])
 def test_invalid_storage_faults_name_the_key_and_the_fix(tmp_path, edit, key, hint):
-    path = write(tmp_path, STORAGE.replace(*edit))
-    with pytest.raises(ScenarioError) as e:
-        load(path)
-    msg = str(e.value)
-    assert msg.startswith(f"{path}: {key}: "), msg
-    assert hint in msg
+    assert_refused(write(tmp_path, STORAGE.replace(*edit)), key, hint)
 
 
 def test_disk_full_on_the_host_file_system_is_refused(tmp_path):
