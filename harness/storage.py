@@ -244,11 +244,6 @@ class Storage:
                else f"enable name={name},failinfo={errno_value},onetime")
         _run("fiu-ctrl", "-f", str(self.fiu_prefix), "-c", cmd, str(pid))
 
-    def fiu_clear(self, pid: int) -> None:
-        for name in FIU_POINTS.values():
-            subprocess.run(["fiu-ctrl", "-f", str(self.fiu_prefix), "-c", f"disable name={name}", str(pid)],
-                           capture_output=True)
-
     # -- teardown ---------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -333,14 +328,21 @@ def _our_mounts() -> dict[str, int]:
     return found
 
 
-def leftovers() -> dict[str, list]:
-    """Mounts and faultfs processes of ours on this machine (also those of live harnesses)."""
-    procs = []
+def _faultfs_daemons() -> dict[int, int]:
+    """pid of each faultfs daemon of ours -> pid of the harness that started it (its fsname tag)."""
+    found = {}
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "harness.faultfs" in cmd:
-            procs.append(p.info["pid"])
-    return {"mounts": sorted(_our_mounts()), "faultfs_processes": procs}
+        m = _TAG.search(cmd[-1]) if "harness.faultfs" in cmd else None
+        if m:
+            found[p.info["pid"]] = int(m.group(1))
+    return found
+
+
+def leftovers(owner: int | None = None) -> dict[str, list]:
+    """Mounts and faultfs processes of ours on this machine, or only those of harness ``owner``."""
+    return {"mounts": sorted(m for m, o in _our_mounts().items() if owner in (None, o)),
+            "faultfs_processes": sorted(p for p, o in _faultfs_daemons().items() if owner in (None, o))}
 
 
 def remove_leftovers() -> list[str]:
@@ -354,14 +356,11 @@ def remove_leftovers() -> list[str]:
             removed.append(mountpoint)
         except StorageError:
             pass
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "harness.faultfs" in cmd and len(cmd) >= 2:
-            m = _TAG.search(cmd[-1])
-            if m and not _owner_alive(int(m.group(1))):
-                try:
-                    p.send_signal(signal.SIGKILL)
-                    removed.append(f"faultfs process {p.pid}")
-                except psutil.Error:
-                    pass
+    for pid, owner in _faultfs_daemons().items():
+        if not _owner_alive(owner):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                removed.append(f"faultfs process {pid}")
+            except ProcessLookupError:
+                pass
     return removed

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,19 +28,7 @@ needs_faultfs = pytest.mark.skipif(NO_FAULTFS is not None, reason=f"cannot mount
 
 def ours(pid: int) -> dict[str, list]:
     """Mounts and faultfs processes that harness process ``pid`` made."""
-    tag = f"ckpt-chaos-{pid}"
-    left = leftovers()
-    from harness.storage import _our_mounts
-
-    mounts = [m for m, owner in _our_mounts().items() if owner == pid]
-    procs = []
-    for p in left["faultfs_processes"]:
-        try:
-            if tag in " ".join(Path(f"/proc/{p}/cmdline").read_text().split("\0")):
-                procs.append(p)
-        except OSError:
-            pass
-    return {"mounts": mounts, "faultfs_processes": procs}
+    return leftovers(owner=pid)
 
 
 # ---- faultfs on its own: the power-loss model, errno rules ------------------------------------------
