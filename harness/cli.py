@@ -38,14 +38,13 @@ def _select(args: argparse.Namespace):
         print(f"ckpt-chaos: {e}", file=sys.stderr)
         raise SystemExit(2)
     if getattr(args, "k", None):
-        chosen = [s for s in chosen if args.k in s.name or args.k in s.tags or args.k in s.kinds
-                  or args.k in s.families]
+        chosen = [s for s in chosen if args.k in s.name or args.k in s.labels]
     return chosen
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     for s in _select(args):
-        labels = " ".join(s.families + s.kinds + s.tags)
+        labels = " ".join(s.labels)
         print(f"{s.name:<44} [{labels}]  {s.description}")
     return 0
 

@@ -43,6 +43,12 @@ class Job:
     log_path: Path
     started: float = field(default_factory=time.monotonic)
 
+    def launcher_pids(self) -> list[int]:
+        return [self.popen.pid]
+
+    def host_pid(self, rank: int, pid: int) -> int:
+        return pid  # one host, one pid namespace
+
     def poll(self) -> int | None:
         return self.popen.poll()
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from . import cluster as cluster_module
+from .cluster import STORE_PORT, Cluster
 from .launcher import Job
 from .scenario import Fault, Scenario, target_ranks
 from .storage import Storage, missing
@@ -30,7 +32,12 @@ from .storage import Storage, missing
 
 def requirements(s: Scenario) -> str | None:
     """Why this machine cannot run the scenario's faults (None: it can). Process faults are
-    signals to our own children and always work; storage faults need the stack they run on."""
+    signals to our own children and always work; storage faults need the stack they run on;
+    node and network faults need their backend (an engine, or root for namespaces)."""
+    why = cluster_module.missing(s.cluster.backend)
+    if why:
+        kinds = sorted({f.kind for f in s.faults}) or ["the cluster"]
+        return f"{', '.join(kinds)} on backend={s.cluster.backend}: {why}"
     spec = s.storage_spec()
     why = missing(spec.fs, spec.faultfs, spec.libfiu)
     if why:
@@ -64,20 +71,27 @@ class ProcessNemesis:
     job: Job
     world_size: int
     pids: dict[int, int]  # rank -> pid of the current launch, filled from probe events
+    cluster: Cluster | None = None  # multi-node backends: node:N is a whole host
     stopped: list[int] = field(default_factory=list)
     grace_expired: list[float] = field(default_factory=list)  # when a term's grace ran out with the job alive
     _timers: list[threading.Timer] = field(default_factory=list)
 
     def fire(self, fault: Fault, event: dict) -> tuple[dict | None, dict]:
-        ranks = target_ranks(fault.target, self.world_size, triggering=event["rank"])
+        ranks = target_ranks(fault.target, self.world_size, triggering=event["rank"],
+                             ranks_per_node=self.cluster.ranks_per_node if self.cluster else None)
         pids = {r: self.pids[r] for r in ranks if r in self.pids}
         missing = sorted(set(ranks) - set(pids))
         record = {"ranks": ranks, "pids": sorted(pids.values()), "missing_ranks": missing}
         if fault.kind == "kill":
+            if fault.target.startswith("node:") and self.cluster is not None:
+                record["node"] = int(fault.target[5:])
+                self.cluster.kill_nodes([record["node"]])  # docker kill: the host is gone
+                _wait_gone(list(pids.values()))
+                return None, record
             if fault.target.startswith("node:"):
                 # Node loss: the launcher dies with its workers, nobody is left to report it.
-                record["launcher_pid"] = self.job.popen.pid
-                _signal(self.job.popen.pid, signal.SIGKILL)
+                record["launcher_pid"] = self.job.launcher_pids()[0]
+                _signal(record["launcher_pid"], signal.SIGKILL)
             for pid in pids.values():
                 _signal(pid, signal.SIGKILL)
             _wait_gone(list(pids.values()))
@@ -116,6 +130,67 @@ class ProcessNemesis:
         for pid in self.stopped:
             _signal(pid, signal.SIGCONT)
         self.stopped.clear()
+
+
+@dataclass
+class ClusterNemesis:
+    """Node faults (pause, replace) and network partitions, on a multi-node backend.
+
+    A partition lasts until the launch ends; ``Cluster.heal`` lifts it before the relaunch, as an
+    operator would repair the network before restarting the job."""
+
+    cluster: Cluster
+
+    def fire(self, fault: Fault, event: dict) -> tuple[dict | None, dict]:
+        c = self.cluster
+        nodes = len(c.job.agents)
+        targets = [int(fault.target[5:])] if fault.target.startswith("node:") else list(range(nodes))
+        record: dict = {"nodes": targets}
+        if fault.kind == "pause":
+            for n in targets:
+                c.pause(n)
+        elif fault.kind == "replace":
+            for n in targets:
+                c.replace(n)
+            record["fresh_disks"] = [c.local_disk(n) for n in targets]
+        elif fault.kind == "partition":
+            record.update(self._partition(fault, nodes, targets))
+        else:
+            raise ValueError(f"not a node or network fault: {fault.kind}")
+        return None, record
+
+    def _partition(self, fault: Fault, nodes: int, targets: list[int]) -> dict:
+        c = self.cluster
+        if fault.split == "halves":
+            side_a = list(range(nodes // 2))
+        else:
+            side_a = targets
+        side_b = [n for n in range(nodes) if n not in side_a]
+        addresses = {n: c.address(n) for n in range(nodes)}
+        record = {"split": fault.split, "cut": fault.cut, "side_a": side_a, "side_b": side_b,
+                  "addresses": addresses}
+        if fault.cut == "disconnect":
+            # unplugging the smaller side's links separates the halves as well as any firewall would
+            for n in side_a:
+                c.unplug(n)
+            return record
+        if fault.split == "store":
+            store = addresses[0]
+            rules = {n: (f"ip daddr {store} tcp dport {STORE_PORT} drop",
+                         f"ip saddr {store} tcp sport {STORE_PORT} drop") for n in side_a}
+        else:
+            rules = {}
+            for mine, other in ((side_a, side_b), (side_b, side_a)):
+                peers = ", ".join(addresses[n] for n in other)
+                for n in mine:
+                    rules[n] = (f"ip daddr {{ {peers} }} drop", f"ip saddr {{ {peers} }} drop")
+        for n, (out_rule, in_rule) in rules.items():
+            c.firewall(n, "table inet ckpt_chaos {\n"
+                          f"  chain output {{ type filter hook output priority 0; policy accept; {out_rule}; }}\n"
+                          f"  chain input {{ type filter hook input priority 0; policy accept; {in_rule}; }}\n"
+                          "}\n")
+        record["rules"] = {n: list(r) for n, r in rules.items()}
+        return record
 
 
 @dataclass
@@ -161,7 +236,7 @@ class StorageNemesis:
             record["rule"] = self.storage.client.call("arm", rule=rule)["id"]
             record["via"] = "faultfs"
         elif fault.kind == "power_loss":
-            record = {"pids": sorted(self.pids.values()), "launcher_pid": self.job.popen.pid}
+            record = {"pids": sorted(self.pids.values()), "launcher_pid": self.job.launcher_pids()[0]}
             self.job.kill()  # the whole node goes down at once
             record["lost"] = self.storage.client.call("crash")
         elif fault.kind == "corrupt":

@@ -6,8 +6,9 @@ Registered through the ``pytest11`` entry point, so it is active wherever ckpt-c
     pytest scenarios -m kill -n auto # only SIGKILL scenarios, in parallel (pytest-xdist)
     pytest scenarios -k mid_write
 
-Each item carries markers for its fault families (``process``, ...), its fault kinds (``kill``,
-``term``, ``stop``, ``raise``) and its tags (``-`` becomes ``_``). An invalid scenario file is a
+Each item carries markers for its fault families (``process``, ``storage``, ``node``, ``network``),
+its fault kinds (``kill``, ``partition``, ...), its backend (``docker``, ``netns``), ``topology`` when
+it resumes at another world size, and its tags (``-`` becomes ``_``). An invalid scenario file is a
 collection error that names the file and key. A scenario whose fault this machine cannot inject
 is skipped with the reason; a failed one shows its checks.
 """
@@ -36,6 +37,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{family}: scenarios with {family} faults")
     for kind, (_, meaning) in FAULT_KINDS.items():
         config.addinivalue_line("markers", f"{kind}: {meaning}")
+    config.addinivalue_line("markers", "docker: scenarios whose nodes are Docker containers")
+    config.addinivalue_line("markers", "netns: scenarios whose nodes are plain network namespaces")
+    config.addinivalue_line("markers", "topology: scenarios that resume at another world size")
 
 
 def marker_name(label: str) -> str:
@@ -52,7 +56,7 @@ class ScenarioFile(pytest.File):
     def collect(self):
         scenario = load(self.path)  # a ScenarioError here is a collection error naming file and key
         item = ScenarioItem.from_parent(self, name=scenario.name, scenario=scenario)
-        for label in ["chaos", *scenario.families, *scenario.kinds, *scenario.tags]:
+        for label in ["chaos", *scenario.labels]:
             name = marker_name(label)
             self.config.addinivalue_line("markers", f"{name}: scenario label")
             item.add_marker(getattr(pytest.mark, name))

@@ -33,7 +33,9 @@ from .controller import ProbeServer
 from .generator import Generator, launch_of
 from .history import History, final_state, snapshot_checkpoints, trainer_events
 from .launcher import REPO_ROOT, Job, launch
-from .nemesis import ProcessNemesis, StorageNemesis, requirements
+from . import cluster as cluster_module
+from .cluster import Cluster
+from .nemesis import ClusterNemesis, ProcessNemesis, StorageNemesis, requirements
 from .probe import ENV_ATTEMPT
 from .scenario import Scenario
 from .storage import Storage, remove_leftovers
@@ -142,8 +144,11 @@ def _alive(proc: psutil.Process) -> bool:
 class ChaosRun:
     """The state of one chaos run while it goes: launches, faults fired, snapshots."""
 
-    def __init__(self, scenario: Scenario, run_dir: Path, storage: Storage):
+    def __init__(self, scenario: Scenario, run_dir: Path, storage: Storage, cluster: Cluster | None = None):
         self.s = scenario
+        self.cluster = cluster
+        self.cluster_nemesis = ClusterNemesis(cluster) if cluster else None
+        self.job = None
         self.run_dir = run_dir
         self.storage = storage
         self.ckpt_root = storage.view  # what the harness reads; the trainer writes to run_dir/checkpoints
@@ -192,8 +197,9 @@ class ChaosRun:
             if launch_no > self.launch_no:  # torchrun restarted its workers: new processes
                 self.launch_no = launch_no
                 self.pids.clear()
-            if launch_no == self.launch_no:
-                self.pids[event["rank"]] = event["pid"]
+            if launch_no == self.launch_no and self.job is not None:
+                # a rank in a container reports its pid there; signals need the host's
+                self.pids[event["rank"]] = self.job.host_pid(event["rank"], event["pid"])
             self.history.add("probe", event["point"], t=event["t"], rank=event["rank"], pid=event["pid"],
                              launch=launch_no, info=event.get("info", {}))
         answer = None
@@ -202,7 +208,8 @@ class ChaosRun:
             # nobody, and the time a snapshot takes would let the trainer run past the trigger.
             snap = None if external else snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
             fired_at = time.time()
-            nemesis = self.storage_nemesis if fault.family == "storage" else self.nemesis
+            nemesis = {"storage": self.storage_nemesis, "node": self.cluster_nemesis,
+                       "network": self.cluster_nemesis}.get(fault.family, self.nemesis)
             act, record = nemesis.fire(fault, event)
             self.history.add("harness", "fault", t=fired_at, index=index, fault=fault.kind, target=fault.target,
                              launch=launch_no, at={"point": event["point"], "rank": event["rank"],
@@ -223,13 +230,22 @@ class ChaosRun:
                 self.launch_no = n
                 self.pids.clear()
                 env = {ENV_ATTEMPT: str(n), **(self.storage.fiu_env() if self.storage.spec.libfiu else {})}
-                job = launch(self.run_dir, world, trainer_args(base_cfg), module=s.trainer_module,
-                             controller=server.address if s.probe else None, env=env,
-                             max_restarts=s.recovery.max_restarts if mode == "torchrun" else 0)
-                self.nemesis = ProcessNemesis(job, world, self.pids)
-                self.storage_nemesis.new_launch(job, world, self.pids)
-                self.history.add("harness", "launch", launch=n, world_size=world, pid=job.popen.pid,
-                                 mode=mode, probe=s.probe)
+                restarts = s.recovery.max_restarts if mode == "torchrun" else 0
+                controller = server.address if s.probe else None
+                with self.lock:  # events of the new launch must find its job
+                    if self.cluster:
+                        job = self.cluster.launch(n, world, s.trainer_module, trainer_args(base_cfg),
+                                                  controller=controller, env=env, max_restarts=restarts)
+                    else:
+                        job = launch(self.run_dir, world, trainer_args(base_cfg), module=s.trainer_module,
+                                     controller=controller, env=env, max_restarts=restarts)
+                    self.job = job
+                    self.nemesis = ProcessNemesis(job, world, self.pids, cluster=self.cluster)
+                    self.storage_nemesis.new_launch(job, world, self.pids)
+                self.history.add("harness", "launch", launch=n, world_size=world, pid=job.launcher_pids()[0],
+                                 mode=mode, probe=s.probe,
+                                 **({"backend": self.cluster.backend, "nodes": len(job.agents),
+                                     "launcher_pids": job.launcher_pids()} if self.cluster else {}))
                 stop_watching = threading.Event()
                 if any(f.when.point == "fs.created" and f.attempt == n for f in s.faults):
                     threading.Thread(target=self._watch_files, args=(stop_watching, n), daemon=True).start()
@@ -242,8 +258,14 @@ class ChaosRun:
                     job.kill()
                     self.nemesis.heal()
                     healed = self.storage_nemesis.heal()
+                    if self.cluster:
+                        self.cluster.heal()
                 if healed:
                     self.history.add("harness", "heal", launch=n, **healed)
+                torn_down = getattr(job, "torn_down", [])
+                if torn_down:  # nodes still running teardown_s after another failed: the orchestrator killed them
+                    self.history.add("harness", "teardown", launch=n, nodes=torn_down,
+                                     after_s=self.cluster.teardown_s)
                 self.history.add("harness", "exit", launch=n, rc=rc, deadline_hit=timed_out,
                                  grace_expired=self.nemesis.grace_expired,
                                  snapshot=snapshot_checkpoints(self.ckpt_root))
@@ -310,8 +332,10 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN
     spec = s.storage_spec()
     if spec.fs != "host" or spec.faultfs:
         remove_leftovers()  # of harnesses killed before they could clean up
-    with Storage(run_dir, spec) as storage:
-        chaos = ChaosRun(s, run_dir, storage)
+    if s.cluster.multi_node:
+        cluster_module.remove_leftovers()
+    with Storage(run_dir, spec) as storage, _cluster_for(s, run_dir) as cluster:
+        chaos = ChaosRun(s, run_dir, storage, cluster)
         try:
             chaos.run()
         finally:
@@ -320,6 +344,19 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN
     result.wall_s = time.monotonic() - started
     (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1))
     return result
+
+
+def _cluster_for(s: Scenario, run_dir: Path):
+    """The scenario's nodes (a context manager), or a null context on the local backend."""
+    import contextlib
+
+    if not s.cluster.multi_node:
+        return contextlib.nullcontext()
+    from reference_trainer.config import TrainConfig
+
+    timeout = s.trainer.get("collective_timeout_s", TrainConfig().collective_timeout_s)
+    return Cluster(run_dir, s.cluster.backend, s.cluster.ranks_per_node,
+                   max(s.nodes(), s.nodes(s.resumed_world_size())), teardown_s=timeout + 15)
 
 
 def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] = ()) -> Result:

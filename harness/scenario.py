@@ -26,6 +26,10 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
     min_fraction = 0.5              # ckpt.shard.write: at least half of the shard's bytes written
     nth = 1                         # the n-th event that matches all of the above
 
+    [cluster]                       # where the job's nodes run (node and network faults)
+    backend = "docker"              # local (default: one host, torchrun --standalone) | docker | netns
+    ranks_per_node = 1              # docker / netns: the job has world_size / ranks_per_node nodes
+
     [storage]                       # the file system under the checkpoint directory (storage faults)
     fs = "tmpfs"                    # host (default) | tmpfs | ext4 (a loop-mounted image)
     size_mb = 64                    # tmpfs / ext4 size
@@ -53,6 +57,15 @@ Storage faults take their own keys (``KIND_KEYS`` lists them per kind), for exam
     target = "rank:1"               # only calls of these ranks (all: any process)
     when = { point = "ckpt.stage", rank = 1, save = 2 }
 
+Node and network faults need a multi-node backend (``[cluster]``)::
+
+    [[faults]]
+    kind = "partition"              # drop traffic between nodes until the launch ends
+    split = "isolate"               # isolate (target nodes from the rest) | halves | store (target from node 0's store)
+    cut = "nftables"                # nftables (drop rules in the node's namespace) | disconnect (unplug its link)
+    target = "node:1"
+    when = { point = "ckpt.shard.write", rank = 1, save = 2, min_fraction = 0.5 }
+
 Every problem in a file is reported with the file, the key, what was found and what is allowed;
 nothing runs from a file that does not validate.
 """
@@ -78,6 +91,11 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
     "term": ("process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s"),
     "stop": ("process", "SIGSTOP the target ranks: a hang that the job must detect by its collective timeout"),
     "raise": ("process", "raise an exception inside the triggering rank at the probe point (error: oom|io|runtime)"),
+    "pause": ("node", "freeze every process of the target nodes (docker pause, or SIGSTOP in a namespace node) "
+                      "until the launch is torn down"),
+    "replace": ("node", "kill the target nodes; the relaunch runs them as fresh nodes whose local disk is empty"),
+    "partition": ("network", "drop the traffic between nodes (split: isolate | halves | store) until the launch "
+                             "ends, by nftables rules or by unplugging the node's link"),
     "disk_full": ("storage", "fill the checkpoint file system until headroom_kb is left (ballast kept until the "
                              "next launch, or for good with keep_full)"),
     "errno": ("storage", "fail chosen calls with an errno: the nth_call matching call (count times) or each with "
@@ -91,6 +109,7 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
 # The keys each kind takes beyond kind, when, target and attempt.
 KIND_KEYS: dict[str, tuple[str, ...]] = {
     "kill": (), "term": ("grace_s",), "stop": (), "raise": ("error",),
+    "pause": (), "replace": (), "partition": ("split", "cut"),
     "disk_full": ("headroom_kb", "keep_full"),
     "errno": ("call", "errno", "path", "nth_call", "count", "probability", "seed", "via"),
     "slow": ("call", "path", "latency_ms", "bandwidth_mb_s"),
@@ -103,6 +122,9 @@ CORRUPTIONS = ("truncate", "flip", "delete")
 FILE_SYSTEMS = ("host", "tmpfs", "ext4")
 FAMILIES = sorted({family for family, _ in FAULT_KINDS.values()})
 RELAUNCH = ("harness", "torchrun", "none")
+BACKENDS = ("local", "docker", "netns")
+SPLITS = ("isolate", "halves", "store")
+CUTS = ("nftables", "disconnect")
 TRAJECTORY = ("bit-exact", "tolerance")
 RAISE_ERRORS = ("oom", "io", "runtime")
 
@@ -153,6 +175,8 @@ class Fault:
     corruption: str = "truncate"  # corrupt: truncate | flip | delete
     file: str = "*.distcp"  # corrupt: glob over the checkpoint's files
     checkpoint: str = "newest"  # corrupt: newest | oldest | a checkpoint name
+    split: str = "isolate"  # partition: isolate | halves | store
+    cut: str = "nftables"  # partition: nftables | disconnect
 
     @property
     def family(self) -> str:
@@ -163,6 +187,16 @@ class Fault:
 class Storage:
     fs: str = "host"
     size_mb: int = 64
+
+
+@dataclass
+class Cluster:
+    backend: str = "local"
+    ranks_per_node: int = 1
+
+    @property
+    def multi_node(self) -> bool:
+        return self.backend != "local"
 
 
 @dataclass
@@ -195,6 +229,7 @@ class Scenario:
     probe: bool = True  # False: run the trainer without a controller (as a third-party trainer)
     trainer: dict[str, Any] = field(default_factory=dict)
     storage: Storage = field(default_factory=Storage)
+    cluster: Cluster = field(default_factory=Cluster)
     recovery: Recovery = field(default_factory=Recovery)
     expect: Expect = field(default_factory=Expect)
     source: str = "<python>"  # the file it came from, for messages
@@ -206,6 +241,18 @@ class Scenario:
     @property
     def kinds(self) -> list[str]:
         return sorted({f.kind for f in self.faults})
+
+    @property
+    def labels(self) -> list[str]:
+        """Families, kinds, the backend (docker, netns), ``topology`` when the world size changes, and
+        the tags: each is a pytest marker and a ``ckpt-chaos run -k`` selector."""
+        extra = [self.cluster.backend] if self.cluster.multi_node else []
+        if self.resumed_world_size() != self.world_size:
+            extra.append("topology")
+        return list(dict.fromkeys(self.families + self.kinds + extra + self.tags))
+
+    def nodes(self, world_size: int | None = None) -> int:
+        return (world_size or self.world_size) // self.cluster.ranks_per_node if self.cluster.multi_node else 1
 
     def storage_spec(self):
         """The storage stack the faults need (harness/storage.py)."""
@@ -229,6 +276,8 @@ class Scenario:
             for k in [k for k in f if k not in ("kind", "when", "target", "attempt") + KIND_KEYS[f["kind"]]
                       or f[k] is None or (k in KIND_KEYS[f["kind"]] and f[k] == defaults[k])]:
                 del f[k]
+        if not self.cluster.multi_node:
+            d.pop("cluster")
         for part in ("recovery", "expect"):
             d[part] = {k: v for k, v in d[part].items() if v is not None}
         return d
@@ -277,11 +326,18 @@ def _type_ok(value: Any, annotation: str) -> bool:
     return any(checks.get(o, lambda v: True)(value) for o in options if o != "None")
 
 
-def target_ranks(target: str, world_size: int, triggering: int | None = None) -> list[int]:
-    """The ranks a target names at this world size (``node:N``: every rank of the local node)."""
+def target_ranks(target: str, world_size: int, triggering: int | None = None,
+                 ranks_per_node: int | None = None) -> list[int]:
+    """The ranks a target names at this world size. ``node:N`` is every rank of node N; with
+    ``ranks_per_node`` None (the local backend) there is one node holding every rank."""
     if target == "triggering":
         return [] if triggering is None else [triggering]
-    if target == "all" or target.startswith("node:"):
+    if target.startswith("node:"):
+        if ranks_per_node is None:
+            return list(range(world_size)) if target == "node:0" else []
+        n = int(target[5:])
+        return [r for r in range(n * ranks_per_node, (n + 1) * ranks_per_node) if r < world_size]
+    if target == "all":
         return list(range(world_size))
     if target == "majority":
         return list(range(world_size // 2 + 1))
@@ -295,14 +351,19 @@ def target_ranks(target: str, world_size: int, triggering: int | None = None) ->
     raise ValueError(target)
 
 
-def _check_target(target: str, world_size: int, source: str, key: str) -> None:
-    fix = "use rank:N, ranks:A,B, all, majority, minority, node:0 or triggering"
+def _check_target(target: str, s: Scenario, source: str, key: str) -> None:
+    world_size, nodes = s.world_size, s.nodes()
+    fix = "use rank:N, ranks:A,B, all, majority, minority, node:N or triggering"
     try:
-        ranks = target_ranks(target, world_size, triggering=0)
+        ranks = target_ranks(target, world_size, triggering=0,
+                             ranks_per_node=s.cluster.ranks_per_node if s.cluster.multi_node else None)
     except ValueError:
         raise _error(source, key, f"unknown target {target!r}", fix) from None
-    if target.startswith("node:") and target != "node:0":
-        raise _error(source, key, f"{target!r}: the local backend runs one node", "use node:0")
+    if target.startswith("node:") and not 0 <= int(target[5:]) < nodes:
+        raise _error(source, key, f"{target!r}: the job has {nodes} node(s)" +
+                     ("" if s.cluster.multi_node else " on the local backend"),
+                     f"use node:0..node:{nodes - 1}" + ("" if s.cluster.multi_node else
+                                                       ", or [cluster] backend = \"docker\" for several nodes"))
     if not ranks:
         raise _error(source, key, f"{target!r} is empty at world size {world_size}", fix)
     bad = [r for r in ranks if not 0 <= r < world_size]
@@ -313,7 +374,8 @@ def _check_target(target: str, world_size: int, source: str, key: str) -> None:
 
 def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
     """Build and validate a scenario from a parsed table."""
-    top = _take(Scenario, {k: v for k, v in data.items() if k not in ("faults", "recovery", "expect", "storage")},
+    top = _take(Scenario, {k: v for k, v in data.items()
+                           if k not in ("faults", "recovery", "expect", "storage", "cluster")},
                 source, "")
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
@@ -344,9 +406,11 @@ def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
                          f"{f['kind']} takes {takes} (besides kind, when, target, attempt)")
         faults.append(Fault(**f))
     storage = Storage(**_take(Storage, data.get("storage", {}), source, "storage"))
+    cluster = Cluster(**_take(Cluster, data.get("cluster", {}), source, "cluster"))
     recovery = Recovery(**_take(Recovery, data.get("recovery", {}), source, "recovery"))
     expect = Expect(**_take(Expect, data.get("expect", {}), source, "expect"))
-    scenario = Scenario(name=top.pop("name", default_name), faults=faults, storage=storage, recovery=recovery,
+    scenario = Scenario(name=top.pop("name", default_name), faults=faults, storage=storage, cluster=cluster,
+                        recovery=recovery,
                         expect=expect,
                         source=source, **top)
     validate(scenario)
@@ -362,6 +426,7 @@ def validate(s: Scenario) -> None:
         raise _error(src, "storage.fs", f"unknown file system {s.storage.fs!r}", f"allowed: {', '.join(FILE_SYSTEMS)}")
     if s.storage.fs != "host" and not 8 <= s.storage.size_mb <= 4096:
         raise _error(src, "storage.size_mb", f"{s.storage.size_mb}", "use 8 to 4096 (MiB)")
+    _check_cluster(s)
     if s.recovery.relaunch not in RELAUNCH:
         raise _error(src, "recovery.relaunch", f"unknown mode {s.recovery.relaunch!r}", f"allowed: {', '.join(RELAUNCH)}")
     if s.expect.trajectory not in TRAJECTORY:
@@ -373,7 +438,7 @@ def validate(s: Scenario) -> None:
         raise _error(src, "expect.trajectory", "bit-exact across a world-size change",
                      "use trajectory = \"tolerance\" (the README says why)")
     for i, f in enumerate(s.faults):
-        _check_target(f.target, s.world_size, src, f"faults[{i}].target")
+        _check_target(f.target, s, src, f"faults[{i}].target")
         if not s.probe and f.when.point not in EXTERNAL_POINTS:
             raise _error(src, f"faults[{i}].when.point", f"{f.when.point!r} needs the probe, and probe = false",
                          f"use an external point ({', '.join(EXTERNAL_POINTS)}) or probe = true")
@@ -392,6 +457,8 @@ def validate(s: Scenario) -> None:
             raise _error(src, f"faults[{i}].grace_s", f"{f.grace_s}", "use a positive grace period")
         if f.family == "storage":
             _check_storage_fault(s, i, f)
+        if f.family in ("node", "network"):
+            _check_cluster_fault(s, i, f)
         if f.attempt > s.recovery.max_restarts:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
@@ -414,6 +481,51 @@ def validate(s: Scenario) -> None:
                 cfg.validate(world)
         except (ConfigError, TypeError) as e:
             raise _error(src, "trainer", str(e), "fix the trainer table or the world sizes") from None
+
+
+def _check_cluster(s: Scenario) -> None:
+    src, c = s.source, s.cluster
+    if c.backend not in BACKENDS:
+        raise _error(src, "cluster.backend", f"unknown backend {c.backend!r}", f"allowed: {', '.join(BACKENDS)}")
+    if c.ranks_per_node < 1:
+        raise _error(src, "cluster.ranks_per_node", f"{c.ranks_per_node}", "use 1 or more")
+    if not c.multi_node:
+        return
+    for key, world in (("world_size", s.world_size), ("recovery.world_size", s.resumed_world_size())):
+        if world % c.ranks_per_node:
+            raise _error(src, key, f"{world} ranks do not fill nodes of {c.ranks_per_node} rank(s)",
+                         "use a multiple of cluster.ranks_per_node")
+    if s.storage.fs != "host" or any(f.family == "storage" for f in s.faults):
+        raise _error(src, "storage", f"storage faults run on the local backend, not {c.backend!r}",
+                     "drop [storage] and storage faults, or use backend = \"local\"")
+    if not s.probe:
+        raise _error(src, "probe", f"the {c.backend} backend drives trainers through the probe",
+                     "use probe = true, or backend = \"local\" for an unprobed trainer")
+
+
+def _check_cluster_fault(s: Scenario, i: int, f: Fault) -> None:
+    src, key = s.source, f"faults[{i}]"
+    if not s.cluster.multi_node:
+        raise _error(src, f"{key}.kind", f"{f.kind} needs several nodes", "add [cluster] backend = \"docker\" "
+                     "(or \"netns\")")
+    if f.when.point in EXTERNAL_POINTS:
+        raise _error(src, f"{key}.when.point", f"{f.kind} acts at a probe point", "use a probe point")
+    if f.kind == "partition":
+        if f.split not in SPLITS:
+            raise _error(src, f"{key}.split", f"unknown split {f.split!r}", f"allowed: {', '.join(SPLITS)}")
+        if f.cut not in CUTS:
+            raise _error(src, f"{key}.cut", f"unknown cut {f.cut!r}", f"allowed: {', '.join(CUTS)}")
+        if s.nodes() < 2:
+            raise _error(src, "world_size", "a partition needs 2 nodes or more", "raise world_size")
+        if f.split == "store" and f.cut != "nftables":
+            raise _error(src, f"{key}.cut", "only the store's port is cut, which takes a firewall rule",
+                         "use cut = \"nftables\"")
+        if f.split in ("isolate", "store") and not f.target.startswith("node:"):
+            raise _error(src, f"{key}.target", f"split = {f.split!r} cuts whole nodes", "use target = \"node:N\"")
+        if f.split == "store" and f.target == "node:0":
+            raise _error(src, f"{key}.target", "node 0 hosts the rendezvous store", "cut another node")
+    elif not f.target.startswith("node:"):
+        raise _error(src, f"{key}.target", f"{f.kind} acts on whole nodes", "use target = \"node:N\"")
 
 
 def _check_storage_fault(s: Scenario, i: int, f: Fault) -> None:
