@@ -6,10 +6,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-# Debian packages the storage faults need: libfuse for faultfs, libfiu for errno injection,
-# e2fsprogs for the loop-mounted ext4 images. Installed when missing and when we are root;
-# otherwise the scenarios that need them are skipped, loudly, with the reason.
-SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount
+# Debian packages the faults need: libfuse for faultfs, libfiu for errno injection, e2fsprogs for
+# the loop-mounted ext4 images; docker.io (dockerd, started by the harness on first use), nftables,
+# iproute2 and util-linux (nsenter) for nodes and partitions. Installed when missing and when we
+# are root; otherwise the scenarios that need them are skipped, loudly, with the reason.
+SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io nftables iproute2 util-linux
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
 .PHONY: setup test chaos bench clean

@@ -187,7 +187,7 @@ def _diagnose(run: Run, step: int, fields_: list[str]) -> str:
     what = ", ".join(fields_)
     head = f"trajectory diverges at step {step} ({what})"
     if "batch_digest" in fields_:
-        head += ": the job trained on different samples than the golden run"
+        head += ": the job trained on different samples than the golden run" + _sample_shift(run, step)
     loads = [e for e in run.trainer("loaded") if e["step"] < step]
     if not loads:
         return head + ", before any resume: the fault changed training itself, or the trainer is not deterministic"
@@ -208,6 +208,22 @@ def _diagnose(run: Run, step: int, fields_: list[str]) -> str:
         return head + where + "; the trainer records no component digests, so the cause cannot be narrowed down"
     return (head + where + "; the state loaded equals the state saved in every recorded component, so the cause "
             "is something the checkpoint does not capture")
+
+
+def _sample_shift(run: Run, step: int) -> str:
+    """Where the samples of ``step`` come from in the golden run: a data loader that resumed at the
+    wrong position shows up as the golden run's batches, shifted by a number of steps."""
+    gold, got = trajectory(run.golden), trajectory(run.dir)
+    digest = got.get(step, {}).get("batch_digest")
+    match = [j for j in sorted(gold) if gold[j]["batch_digest"] == digest]
+    if not match:
+        return " (its samples form no batch of the golden run)"
+    j = match[0]
+    if j < step:
+        return (f": its batch is the golden run's step {j}, so the data loader resumed {step - j} step(s) too early "
+                f"and {step - j} step(s) of samples are seen twice")
+    return (f": its batch is the golden run's step {j}, so the data loader resumed {j - step} step(s) too late "
+            f"and {j - step} step(s) of samples are skipped")
 
 
 def _exempt(load: dict) -> tuple[str, ...]:
@@ -499,7 +515,9 @@ def _timings(run: Run, report: Report) -> None:
     f0 = faults[0]
     launch = f0["launch"]
     ex = run.exit_of(launch)
-    victims = {pid for h in faults if h["fault"] == "kill" for pid in h.get("pids", [])}
+    if ex is not None and ex["rc"] == 0 and run.s.recovery.relaunch != "torchrun":
+        return  # the job rode the fault out: nothing to detect, nothing to recover from
+    victims = {pid for h in faults if h["fault"] in ("kill", "replace") for pid in h.get("pids", [])}
     # Detection: the first rank that the nemesis did not kill exits (it noticed), or the launch ends.
     noticed = [h for h in run.harness("rank_exit") if h["launch"] == launch and h["pid"] not in victims
                and h["t"] >= f0["t"]]

@@ -46,6 +46,7 @@ NODE_ENV = "CKPT_CHAOS_NODE"
 IMAGE_REPO = "ckpt-chaos-node"
 SUBNET = "10.77.0"  # netns backend: node i is SUBNET.(i+1); every namespace is the run's own
 LOCK = Path("/tmp/ckpt-chaos-engine.lock")
+FW_TABLE = "ckpt_chaos"  # the nftables table partitions add inside a node's namespace
 
 
 # ---- what a backend needs ------------------------------------------------------------------------
@@ -273,17 +274,22 @@ class ClusterJob:
 class Cluster:
     """The nodes of one chaos run. Use as a context manager: ``close`` removes everything."""
 
-    def __init__(self, run_dir: Path, backend: str, ranks_per_node: int, max_nodes: int, teardown_s: float):
+    def __init__(self, run_dir: Path, backend: str, ranks_per_node: int, max_nodes: int, timeout_s: float):
         self.run_dir = Path(run_dir)
         self.backend = backend
         self.ranks_per_node = ranks_per_node
         self.max_nodes = max_nodes
-        self.teardown_s = teardown_s
+        # the job's configured timeout bounds the launcher's store operations too; an agent still running
+        # this long after another node failed is torn down by the orchestrator
+        self.timeout_s = timeout_s
+        self.teardown_s = timeout_s + 15
         # unique per harness process (each xdist worker is one) and run; the pid lets a later harness
         # tell leftovers of a dead one from a live run's objects
         self.name = f"cc{os.getpid()}x{uuid.uuid4().hex[:6]}"
         self.disk_gen = [0] * max_nodes  # bumped when a node is replaced: a fresh, empty local disk
         self.paused: set[int] = set()
+        self.unplugged: set[int] = set()
+        self.firewalled: set[int] = set()
         self.job: ClusterJob | None = None
         self.launch_no = 0
         self._containers: dict[int, object] = {}
@@ -374,7 +380,8 @@ class Cluster:
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
                    f"--nproc-per-node={self.ranks_per_node}", f"--node-rank={node}", "--rdzv-backend=c10d",
                    f"--rdzv-endpoint={endpoint}:{STORE_PORT}", f"--rdzv-id={marker}",
-                   f"--rdzv-conf=is_host={str(node == 0).lower()},join_timeout=60",
+                   f"--rdzv-conf=is_host={str(node == 0).lower()},join_timeout=60,"
+                   f"read_timeout={int(self.timeout_s)}",
                    f"--max-restarts={max_restarts}", "-m", module, *trainer_args]
             if self.backend == "netns":  # namespaces share the host's name: advertise the node's address
                 cmd[3:3] = [f"--local-addr={self.address(node)}"]
@@ -476,6 +483,7 @@ class Cluster:
 
     def unplug(self, node: int) -> None:
         """Pull the node's network cable: docker network disconnect, or the veth link down."""
+        self.unplugged.add(node)
         if self.backend == "docker":
             self.network.disconnect(self._containers[node], force=True)
         else:
@@ -483,14 +491,31 @@ class Cluster:
 
     def firewall(self, node: int, ruleset: str) -> None:
         """Load an nftables ruleset inside the node's network namespace."""
+        self.firewalled.add(node)
         _run(["nsenter", f"--net={self.netns_path(node)}", "nft", "-f", "-"], stdin=ruleset)
 
-    def heal(self) -> None:
-        """Before a relaunch: every link up, every firewall rule gone (docker nodes are new containers)."""
-        if self.backend == "netns":
-            for i in range(self.max_nodes):
-                subprocess.run(["ip", "-n", self._ns("sw"), "link", "set", f"n{i}", "up"], capture_output=True)
-                subprocess.run(["ip", "netns", "exec", self._ns(i), "nft", "flush", "ruleset"], capture_output=True)
+    def heal(self) -> list[str]:
+        """Lift every partition: our firewall table deleted, unplugged links back. Only our own table
+        goes: Docker keeps rules of its own (the embedded DNS) in a container's namespace."""
+        done = []
+        for node in sorted(self.unplugged):
+            if self.backend == "docker":
+                try:
+                    self.network.connect(self._containers[node], aliases=[f"node{node}"])
+                except Exception:  # the container is gone: its replacement is plugged in at launch
+                    pass
+            else:
+                _run(["ip", "-n", self._ns("sw"), "link", "set", f"n{node}", "up"])
+            done.append(f"node{node} plugged in")
+        self.unplugged.clear()
+        for node in sorted(self.firewalled):
+            try:
+                _run(["nsenter", f"--net={self.netns_path(node)}", "nft", "delete", "table", "inet", FW_TABLE])
+                done.append(f"node{node} firewall removed")
+            except (RuntimeError, IndexError):  # the node is gone, and its namespace with it
+                pass
+        self.firewalled.clear()
+        return done
 
     def collect_logs(self, job: ClusterJob) -> None:
         """Keep each node's output in nodes/launch<N>-node<i>.log, then remove the launch's containers."""

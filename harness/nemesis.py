@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from . import cluster as cluster_module
-from .cluster import STORE_PORT, Cluster
+from .cluster import FW_TABLE, STORE_PORT, Cluster
 from .launcher import Job
 from .scenario import Fault, Scenario, target_ranks
 from .storage import Storage, missing
@@ -140,12 +140,14 @@ class ClusterNemesis:
     operator would repair the network before restarting the job."""
 
     cluster: Cluster
+    pids: dict[int, int]  # rank -> host pid of the current launch
 
     def fire(self, fault: Fault, event: dict) -> tuple[dict | None, dict]:
         c = self.cluster
         nodes = len(c.job.agents)
         targets = [int(fault.target[5:])] if fault.target.startswith("node:") else list(range(nodes))
-        record: dict = {"nodes": targets}
+        ranks = [r for r in self.pids if c.job.node_of(r) in targets]
+        record: dict = {"nodes": targets, "ranks": ranks, "pids": sorted(self.pids[r] for r in ranks)}
         if fault.kind == "pause":
             for n in targets:
                 c.pause(n)
@@ -155,6 +157,8 @@ class ClusterNemesis:
             record["fresh_disks"] = [c.local_disk(n) for n in targets]
         elif fault.kind == "partition":
             record.update(self._partition(fault, nodes, targets))
+        elif fault.kind == "heal":
+            record = {"healed": c.heal()}
         else:
             raise ValueError(f"not a node or network fault: {fault.kind}")
         return None, record
@@ -185,7 +189,7 @@ class ClusterNemesis:
                 for n in mine:
                     rules[n] = (f"ip daddr {{ {peers} }} drop", f"ip saddr {{ {peers} }} drop")
         for n, (out_rule, in_rule) in rules.items():
-            c.firewall(n, "table inet ckpt_chaos {\n"
+            c.firewall(n, f"table inet {FW_TABLE} {{\n"
                           f"  chain output {{ type filter hook output priority 0; policy accept; {out_rule}; }}\n"
                           f"  chain input {{ type filter hook input priority 0; policy accept; {in_rule}; }}\n"
                           "}\n")

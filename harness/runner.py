@@ -147,7 +147,6 @@ class ChaosRun:
     def __init__(self, scenario: Scenario, run_dir: Path, storage: Storage, cluster: Cluster | None = None):
         self.s = scenario
         self.cluster = cluster
-        self.cluster_nemesis = ClusterNemesis(cluster) if cluster else None
         self.job = None
         self.run_dir = run_dir
         self.storage = storage
@@ -160,6 +159,7 @@ class ChaosRun:
         self.nemesis: ProcessNemesis | None = None
         self.storage_nemesis = StorageNemesis(storage)
         self.errors: list[str] = []
+        self.cluster_nemesis = ClusterNemesis(cluster, self.pids) if cluster else None
 
     def on_event(self, event: dict) -> dict | None:
         with self.lock:
@@ -356,7 +356,7 @@ def _cluster_for(s: Scenario, run_dir: Path):
 
     timeout = s.trainer.get("collective_timeout_s", TrainConfig().collective_timeout_s)
     return Cluster(run_dir, s.cluster.backend, s.cluster.ranks_per_node,
-                   max(s.nodes(), s.nodes(s.resumed_world_size())), teardown_s=timeout + 15)
+                   max(s.nodes(), s.nodes(s.resumed_world_size())), timeout_s=timeout)
 
 
 def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] = ()) -> Result:

@@ -96,6 +96,8 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
     "replace": ("node", "kill the target nodes; the relaunch runs them as fresh nodes whose local disk is empty"),
     "partition": ("network", "drop the traffic between nodes (split: isolate | halves | store) until the launch "
                              "ends, by nftables rules or by unplugging the node's link"),
+    "heal": ("network", "lift every partition here (firewall rules deleted, links plugged back in): a transient "
+                        "partition"),
     "disk_full": ("storage", "fill the checkpoint file system until headroom_kb is left (ballast kept until the "
                              "next launch, or for good with keep_full)"),
     "errno": ("storage", "fail chosen calls with an errno: the nth_call matching call (count times) or each with "
@@ -109,7 +111,7 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
 # The keys each kind takes beyond kind, when, target and attempt.
 KIND_KEYS: dict[str, tuple[str, ...]] = {
     "kill": (), "term": ("grace_s",), "stop": (), "raise": ("error",),
-    "pause": (), "replace": (), "partition": ("split", "cut"),
+    "pause": (), "replace": (), "partition": ("split", "cut"), "heal": (),
     "disk_full": ("headroom_kb", "keep_full"),
     "errno": ("call", "errno", "path", "nth_call", "count", "probability", "seed", "via"),
     "slow": ("call", "path", "latency_ms", "bandwidth_mb_s"),
@@ -524,6 +526,9 @@ def _check_cluster_fault(s: Scenario, i: int, f: Fault) -> None:
             raise _error(src, f"{key}.target", f"split = {f.split!r} cuts whole nodes", "use target = \"node:N\"")
         if f.split == "store" and f.target == "node:0":
             raise _error(src, f"{key}.target", "node 0 hosts the rendezvous store", "cut another node")
+    elif f.kind == "heal":
+        if not any(g.kind == "partition" and g.attempt == f.attempt for g in s.faults):
+            raise _error(src, f"{key}.kind", "heal without a partition in the same launch", "add a partition fault")
     elif not f.target.startswith("node:"):
         raise _error(src, f"{key}.target", f"{f.kind} acts on whole nodes", "use target = \"node:N\"")
 

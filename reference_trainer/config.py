@@ -62,6 +62,7 @@ class TrainConfig:
     threads: int = 1  # torch intra-op threads per rank (fixed: results depend on it)
     device: str = "auto"  # auto | cpu | cuda
     collective_timeout_s: float = 60.0
+    step_delay_s: float = 0.0  # simulated compute after each step (no effect on numerics): outlast a timeout
     preempt_grace_s: float = 30.0  # SIGTERM -> SIGKILL budget the emergency save must fit in
 
     @property
@@ -112,6 +113,7 @@ RESUMABLE_CHANGES = frozenset({
     "ckpt_dir", "ckpt_every_steps", "ckpt_every_seconds", "async_save", "keep_last", "keep_every",
     "keep_best", "verify_checksums", "record_digests", "on_save_failure", "run_dir", "digest_every",
     "stop_after_microbatches", "threads", "device", "collective_timeout_s", "preempt_grace_s",
+    "step_delay_s",
 })
 
 

@@ -268,6 +268,8 @@ class Trainer:
             self.step_loss += (ctl[0] / self.world_size) / cfg.grad_accum
             if step_done:
                 record = self.optimizer_step()
+                if cfg.step_delay_s > 0:
+                    time.sleep(cfg.step_delay_s)
                 record["step_time_s"] = time.perf_counter() - step_started
                 self.trajectory.write(record)
                 probe.point("step.end", step=p.step, loss_hex=record["loss_hex"])

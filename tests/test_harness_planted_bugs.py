@@ -69,3 +69,15 @@ def test_previous_deleted_before_commit_is_caught_and_named(tmp_path, golden_roo
     bad = failed(r)
     assert "step_00000004 was committed before the crash but is not valid after it" in bad["committed_survives@0"]
     assert "8 step(s) lost, at most 4 allowed" in bad["lost_work@1"]
+
+
+def test_loader_state_of_dropped_ranks_discarded_is_caught_and_named(tmp_path, golden_root):
+    # 4 ranks lose their node at step 6 and resume on 2 from step 4: the planted loader rebuilds the
+    # global position from the 2 remaining ranks' shares, half of it, and replays steps 3 and 4.
+    r = run(tmp_path, golden_root, "kill-node-resume-on-two-of-four.toml", "tests.planted.loader_drops_ranks")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "trajectory diverges at step 5" in bad["trajectory"]
+    assert "trained on different samples" in bad["trajectory"]
+    assert "its batch is the golden run's step 3" in bad["trajectory"]
+    assert "the data loader resumed 2 step(s) too early and 2 step(s) of samples are seen twice" in bad["trajectory"]
