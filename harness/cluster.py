@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 from filelock import FileLock
 
-from .launcher import JOB_MARKER, REPO_ROOT, job_processes
+from .launcher import JOB_MARKER, REPO_ROOT, _term_when_parent_dies, job_processes
 from .probe import ENV_CONTROLLER
 
 STORE_PORT = 29400  # the c10d rendezvous store on node 0 (also the workers' store)
@@ -187,6 +187,7 @@ class ClusterJob:
     marker: str
     log_path: Path
     teardown_s: float
+    elastic: bool = False  # torchrun --nnodes=MIN:MAX: a lost node is expected, the rest carry on
     started: float = field(default_factory=time.monotonic)
     first_failure: float | None = None
     torn_down: list[int] = field(default_factory=list)  # nodes the orchestrator killed after teardown_s
@@ -200,6 +201,9 @@ class ClusterJob:
 
     def poll(self) -> int | None:
         codes = [a.poll() for a in self.agents]
+        if self.elastic:  # the job's outcome is that of the nodes still in it, once they are done
+            kept = [c for a, c in zip(self.agents, codes) if a.node not in self.cluster.killed]
+            return None if None in kept else max(kept, key=abs, default=0)
         failed = [c for c in codes if c not in (None, 0)]
         if None not in codes:
             return failed[0] if failed else 0
@@ -289,6 +293,7 @@ class Cluster:
         self.disk_gen = [0] * max_nodes  # bumped when a node is replaced: a fresh, empty local disk
         self.paused: set[int] = set()
         self.unplugged: set[int] = set()
+        self.killed: set[int] = set()  # nodes the nemesis took down in this launch
         self.firewalled: set[int] = set()
         self.job: ClusterJob | None = None
         self.launch_no = 0
@@ -365,8 +370,12 @@ class Cluster:
         return f"{self.name}-n{node}-disk{self.disk_gen[node]}"
 
     def launch(self, launch_no: int, world_size: int, module: str, trainer_args: list[str], *,
-               controller: str | None, env: dict[str, str], max_restarts: int = 0) -> ClusterJob:
+               controller: str | None, env: dict[str, str], max_restarts: int = 0,
+               min_world_size: int | None = None) -> ClusterJob:
+        """Start one agent per node. With ``min_world_size`` the job is elastic (torchrun
+        ``--nnodes=MIN:MAX``): the agents restart the workers on the nodes that are left."""
         nodes = world_size // self.ranks_per_node
+        nnodes = f"{min_world_size // self.ranks_per_node}:{nodes}" if min_world_size else str(nodes)
         marker = uuid.uuid4().hex
         self.launch_no = launch_no
         self.paused.clear()
@@ -377,7 +386,7 @@ class Cluster:
             if controller:
                 node_env[ENV_CONTROLLER] = controller
             endpoint = "node0" if self.backend == "docker" else self.address(0)
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
                    f"--nproc-per-node={self.ranks_per_node}", f"--node-rank={node}", "--rdzv-backend=c10d",
                    f"--rdzv-endpoint={endpoint}:{STORE_PORT}", f"--rdzv-id={marker}",
                    f"--rdzv-conf=is_host={str(node == 0).lower()},join_timeout=60,"
@@ -391,7 +400,9 @@ class Cluster:
                 a.container.start()
                 a.container.reload()
                 a.pid = a.container.attrs["State"]["Pid"]
-        self.job = ClusterJob(self, agents, marker, self.logs / f"launch{launch_no}-node0.log", self.teardown_s)
+        self.killed.clear()
+        self.job = ClusterJob(self, agents, marker, self.logs / f"launch{launch_no}-node0.log", self.teardown_s,
+                              elastic=min_world_size is not None)
         return self.job
 
     def _start(self, node: int, launch_no: int, cmd: list[str], env: dict[str, str],
@@ -402,6 +413,7 @@ class Cluster:
             log = open(self.logs / f"launch{launch_no}-node{node}.log", "ab")
             popen = subprocess.Popen(["ip", "netns", "exec", self._ns(node), *cmd], stdout=log,
                                      stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True,
+                                     preexec_fn=_term_when_parent_dies,
                                      env={**os.environ, **env, "TMPDIR": str(disk / "tmp")})
             log.close()
             return Agent(node, popen.pid, popen=popen)
@@ -432,7 +444,9 @@ class Cluster:
 
     def kill_nodes(self, nodes: list[int], job: ClusterJob | None = None) -> None:
         """Node loss: every process of these nodes dies at once (docker kill / SIGKILL in the namespace)."""
-        job = job or self.job
+        if job is None:  # the nemesis, not the teardown
+            job = self.job
+            self.killed.update(nodes)
         for node in nodes:
             agent = next((a for a in job.agents if a.node == node), None)
             if agent is None:

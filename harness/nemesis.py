@@ -178,23 +178,31 @@ class ClusterNemesis:
             for n in side_a:
                 c.unplug(n)
             return record
-        if fault.split == "store":
-            store = addresses[0]
-            rules = {n: (f"ip daddr {store} tcp dport {STORE_PORT} drop",
-                         f"ip saddr {store} tcp sport {STORE_PORT} drop") for n in side_a}
-        else:
-            rules = {}
-            for mine, other in ((side_a, side_b), (side_b, side_a)):
-                peers = ", ".join(addresses[n] for n in other)
-                for n in mine:
-                    rules[n] = (f"ip daddr {{ {peers} }} drop", f"ip saddr {{ {peers} }} drop")
-        for n, (out_rule, in_rule) in rules.items():
-            c.firewall(n, f"table inet {FW_TABLE} {{\n"
-                          f"  chain output {{ type filter hook output priority 0; policy accept; {out_rule}; }}\n"
-                          f"  chain input {{ type filter hook input priority 0; policy accept; {in_rule}; }}\n"
-                          "}\n")
-        record["rules"] = {n: list(r) for n, r in rules.items()}
+        rules = partition_rules(fault.split, side_a, side_b, addresses)
+        for n, ruleset in rules.items():
+            c.firewall(n, ruleset)
+        record["rules"] = rules
         return record
+
+
+def partition_rules(split: str, side_a: list[int], side_b: list[int], addresses: dict[int, str]) -> dict[int, str]:
+    """nftables rulesets (node -> ruleset) that drop the traffic a partition cuts, loaded inside each
+    node's network namespace. Dropped, not rejected: a real partition answers nothing, so the job
+    can only notice by its timeouts."""
+    if split == "store":
+        store = addresses[0]
+        rules = {n: (f"ip daddr {store} tcp dport {STORE_PORT} drop", f"ip saddr {store} tcp sport {STORE_PORT} drop")
+                 for n in side_a}
+    else:
+        rules = {}
+        for mine, other in ((side_a, side_b), (side_b, side_a)):
+            peers = ", ".join(addresses[n] for n in other)
+            for n in mine:
+                rules[n] = (f"ip daddr {{ {peers} }} drop", f"ip saddr {{ {peers} }} drop")
+    return {n: (f"table inet {FW_TABLE} {{\n"
+                f"  chain output {{ type filter hook output priority 0; policy accept; {out_rule}; }}\n"
+                f"  chain input {{ type filter hook input priority 0; policy accept; {in_rule}; }}\n"
+                "}\n") for n, (out_rule, in_rule) in rules.items()}
 
 
 @dataclass

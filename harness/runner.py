@@ -234,8 +234,10 @@ class ChaosRun:
                 controller = server.address if s.probe else None
                 with self.lock:  # events of the new launch must find its job
                     if self.cluster:
+                        elastic = mode == "torchrun" and s.resumed_world_size() != s.world_size
                         job = self.cluster.launch(n, world, s.trainer_module, trainer_args(base_cfg),
-                                                  controller=controller, env=env, max_restarts=restarts)
+                                                  controller=controller, env=env, max_restarts=restarts,
+                                                  min_world_size=s.resumed_world_size() if elastic else None)
                     else:
                         job = launch(self.run_dir, world, trainer_args(base_cfg), module=s.trainer_module,
                                      controller=controller, env=env, max_restarts=restarts)

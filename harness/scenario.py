@@ -35,7 +35,8 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
     size_mb = 64                    # tmpfs / ext4 size
 
     [recovery]
-    relaunch = "harness"            # harness | torchrun | none
+    relaunch = "harness"            # harness | torchrun | none (torchrun: its own --max-restarts; on a
+                                    # multi-node cluster, --nnodes=MIN:MAX with MIN from world_size below)
     max_restarts = 1
     world_size = 2                  # world size of relaunches (default: unchanged)
 
@@ -434,12 +435,18 @@ def validate(s: Scenario) -> None:
     if s.expect.trajectory not in TRAJECTORY:
         raise _error(src, "expect.trajectory", f"unknown check {s.expect.trajectory!r}", f"allowed: {', '.join(TRAJECTORY)}")
     if s.recovery.relaunch == "torchrun" and s.recovery.world_size not in (None, s.world_size):
-        raise _error(src, "recovery.world_size", "torchrun restarts keep the world size",
-                     "use relaunch = \"harness\" to resume at another world size")
+        if not s.cluster.multi_node:
+            raise _error(src, "recovery.world_size", "torchrun restarts on one node keep the world size",
+                         "use relaunch = \"harness\", or a multi-node [cluster] (torchrun --nnodes=MIN:MAX)")
+        if s.resumed_world_size() > s.world_size:
+            raise _error(src, "recovery.world_size", "an elastic torchrun job only shrinks here (no node joins)",
+                         "use relaunch = \"harness\" to grow")
     if s.resumed_world_size() != s.world_size and s.expect.trajectory == "bit-exact":
         raise _error(src, "expect.trajectory", "bit-exact across a world-size change",
                      "use trajectory = \"tolerance\" (the README says why)")
     for i, f in enumerate(s.faults):
+        if f.family in ("node", "network"):
+            _check_cluster_fault(s, i, f)
         _check_target(f.target, s, src, f"faults[{i}].target")
         if not s.probe and f.when.point not in EXTERNAL_POINTS:
             raise _error(src, f"faults[{i}].when.point", f"{f.when.point!r} needs the probe, and probe = false",
@@ -459,8 +466,6 @@ def validate(s: Scenario) -> None:
             raise _error(src, f"faults[{i}].grace_s", f"{f.grace_s}", "use a positive grace period")
         if f.family == "storage":
             _check_storage_fault(s, i, f)
-        if f.family in ("node", "network"):
-            _check_cluster_fault(s, i, f)
         if f.attempt > s.recovery.max_restarts:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from harness.history import final_state, trainer_events, trajectory
-from harness.launcher import run_to_end
+from harness.launcher import REPO_ROOT, run_to_end
 from harness.runner import trainer_args as as_flags
 
 # Small enough for a 2-core machine, big enough to cross epochs (96 samples = 6 steps per epoch)
@@ -33,3 +35,10 @@ def mismatches(golden: Path, run: Path) -> list[tuple[int, str]]:
 def log_tail(run_dir: Path, n: int = 40) -> str:
     path = Path(run_dir) / "torchrun.log"
     return "\n".join(path.read_text().splitlines()[-n:]) if path.exists() else "(no log)"
+
+
+def start_cli(tmp_path: Path, scenario: str) -> subprocess.Popen:
+    """``ckpt-chaos run SCENARIO`` as a child process (to interrupt or SIGKILL it), output piped."""
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", scenario, "--reports", str(tmp_path / "r"),
+                             "--golden-dir", str(tmp_path / "golden")],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -114,6 +114,51 @@ def test_storage_faults_round_trip_and_choose_their_stack(tmp_path):
     assert "grace_s" not in s.to_toml()  # keys of other kinds are not written
 
 
+CLUSTER = """
+world_size = 4
+[cluster]
+backend = "docker"
+[trainer]
+max_steps = 12
+global_batch = 16
+[[faults]]
+kind = "partition"
+split = "isolate"
+target = "node:1"
+when = { point = "step.end", rank = 1, step = 6 }
+"""
+
+
+@pytest.mark.parametrize("edit,key,hint", [
+    (('backend = "docker"', 'backend = "k8s"'), "cluster.backend", "allowed: local, docker, netns"),
+    (('backend = "docker"', 'backend = "docker"\nranks_per_node = 3'), "world_size",
+     "4 ranks do not fill nodes of 3 rank(s)"),
+    (('target = "node:1"', 'target = "node:4"'), "faults[0].target", "'node:4': the job has 4 node(s)"),
+    (('target = "node:1"', 'target = "rank:1"'), "faults[0].target", "split = 'isolate' cuts whole nodes"),
+    (('split = "isolate"', 'split = "store"\ncut = "disconnect"'), "faults[0].cut", "use cut = \"nftables\""),
+    (('split = "isolate"\ntarget = "node:1"', 'split = "store"\ntarget = "node:0"'), "faults[0].target",
+     "node 0 hosts the rendezvous store"),
+    (('split = "isolate"', 'split = "quarters"'), "faults[0].split", "allowed: isolate, halves, store"),
+    (('backend = "docker"', 'backend = "local"'), "faults[0].kind", "partition needs several nodes"),
+    (('[trainer]', '[storage]\nfs = "tmpfs"\n[trainer]'), "storage", "storage faults run on the local backend"),
+    (('kind = "partition"\nsplit = "isolate"\ntarget = "node:1"', 'kind = "heal"'), "faults[0].kind",
+     "heal without a partition"),
+    (('step = 6 }', 'step = 6 }\n[recovery]\nworld_size = 3\n[expect]\ntrajectory = "tolerance"'), "trainer",
+     "global_batch"),
+])
+def test_invalid_cluster_scenarios_name_the_key_and_the_fix(tmp_path, edit, key, hint):
+    assert_refused(write(tmp_path, CLUSTER.replace(*edit)), key, hint)
+
+
+def test_cluster_scenarios_round_trip_and_carry_their_markers(tmp_path):
+    s = load(write(tmp_path, CLUSTER + "[recovery]\nworld_size = 2\n[expect]\ntrajectory = \"tolerance\"\n"))
+    assert s.nodes() == 4 and s.nodes(2) == 2
+    assert {"network", "partition", "docker", "topology"} <= set(s.labels)
+    again = load(write(tmp_path, s.to_toml(), "again.toml"))
+    assert again.to_dict() == {**s.to_dict(), "name": "s"}
+    assert "cluster" not in load(write(tmp_path, GOOD, "local.toml")).to_toml()
+
+
 def test_world_size_change_must_not_claim_bit_exact(tmp_path):
     with pytest.raises(ScenarioError, match="expect.trajectory: bit-exact across a world-size change"):
         load(write(tmp_path, GOOD + "[recovery]\nworld_size = 4\n"))
@@ -125,9 +170,12 @@ def test_broken_toml_is_reported_with_the_file(tmp_path):
         load(path)
 
 
-def test_the_catalogue_is_valid_and_has_at_least_12_process_scenarios():
+def test_the_catalogue_is_valid_and_has_at_least_12_process_and_8_cluster_scenarios():
     scenarios = catalogue(REPO_ROOT / "scenarios")
     assert len([s for s in scenarios if "process" in s.families]) >= 12
+    cluster = [s for s in scenarios if s.cluster.multi_node and "default" in s.suites]
+    assert len(cluster) >= 8
+    assert {"docker", "network", "topology", "netns"} <= {label for s in cluster for label in s.labels}
     assert all(s.description for s in scenarios)
 
 

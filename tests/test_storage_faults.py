@@ -20,6 +20,7 @@ from harness.launcher import REPO_ROOT
 from harness.runner import run_scenario
 from harness.scenario import load
 from harness.storage import Storage, StorageSpec, leftovers, missing, remove_leftovers
+from tests.helpers import start_cli
 
 SCENARIOS = REPO_ROOT / "scenarios" / "storage"
 NO_FAULTFS = missing("tmpfs", faultfs=True)
@@ -93,11 +94,6 @@ def test_disk_full_is_a_real_enospc(tmp_path):
 
 # ---- nothing is left behind ----------------------------------------------------------------------
 
-def _start_cli(tmp_path, scenario: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", scenario, "--reports", str(tmp_path / "r"),
-                             "--golden-dir", str(tmp_path / "golden")],
-                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
 
 def _wait_for_mounts(cli: subprocess.Popen, n: int, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
@@ -110,7 +106,7 @@ def _wait_for_mounts(cli: subprocess.Popen, n: int, timeout: float = 180) -> Non
 @pytest.mark.slow
 @needs_faultfs
 def test_interrupted_storage_scenario_leaves_no_mount_process_or_directory(tmp_path):
-    cli = _start_cli(tmp_path, "power-loss-mid-shard-write")
+    cli = start_cli(tmp_path, "power-loss-mid-shard-write")
     try:
         _wait_for_mounts(cli, 1)  # faultfs (over a plain directory)
         time.sleep(2)  # into training, with files open on faultfs
@@ -126,7 +122,7 @@ def test_interrupted_storage_scenario_leaves_no_mount_process_or_directory(tmp_p
 @pytest.mark.slow
 @needs_faultfs
 def test_leftovers_of_a_killed_harness_are_removed(tmp_path):
-    cli = _start_cli(tmp_path, "disk-full-mid-shard-write")
+    cli = start_cli(tmp_path, "disk-full-mid-shard-write")
     try:
         _wait_for_mounts(cli, 2)  # tmpfs + bind mount
     finally:
