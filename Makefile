@@ -49,6 +49,7 @@ chaos: setup
 # Benchmarks: apart from the tests, several rounds, medians and ratios; figures kept in benchmarks/results.
 bench: setup
 	$(PY) benchmarks/storage_stall.py --rounds 5
+	$(PY) benchmarks/backend_startup.py --rounds 5
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
