@@ -22,8 +22,12 @@ OnEvent = Callable[[Event], "dict | None"]
 
 
 class ProbeServer:
-    def __init__(self, on_event: OnEvent, directory: Path | None = None):
+    def __init__(self, on_event: OnEvent, directory: Path | None = None,
+                 on_error: Callable[[str], None] | None = None):
         self.on_event = on_event
+        # A rank whose connection breaks goes on unprobed, and its faults never fire: that must
+        # show up in the verdict as a harness error, not as a mysterious "never fired".
+        self.on_error = on_error or (lambda message: None)
         # Unix socket paths are limited to ~100 bytes: keep them short, unique per server.
         self._dir = Path(tempfile.mkdtemp(prefix="cc-", dir=directory or "/tmp"))
         self.address = str(self._dir / "probe.sock")
@@ -39,24 +43,35 @@ class ProbeServer:
         while not self._closed.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
-                return
+            except OSError as e:
+                if self._closed.is_set():
+                    return
+                self.on_error(f"probe server: accept failed: {e!r}")
+                time.sleep(0.01)
+                continue
             self._conns.append(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True, name="probe-conn").start()
 
     def _serve(self, conn: socket.socket) -> None:
         f = conn.makefile("rwb", buffering=0)
+        event: dict = {}
         try:
             for line in f:
+                if not line.endswith(b"\n"):
+                    return  # the sender was killed half-way through its message
                 event = json.loads(line)
                 event["received"] = time.time()
                 answer = self.on_event(event) or {"do": "continue"}
                 try:
-                    f.write(json.dumps(answer).encode() + b"\n")
+                    conn.sendall(json.dumps(answer).encode() + b"\n")
                 except OSError:
                     return  # the sender was killed while we acted: expected
-        except (OSError, ValueError):
-            return
+        except ConnectionResetError:
+            return  # the sender was killed mid-message
+        except (OSError, ValueError) as e:
+            if not self._closed.is_set():
+                self.on_error(f"probe connection of rank {event.get('rank')} (pid {event.get('pid')}) broke after "
+                              f"{event.get('point')}: {e!r}")
         finally:
             conn.close()
 

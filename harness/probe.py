@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -67,6 +68,7 @@ class _Controller:
         self._rank = int(os.environ.get("RANK", "0"))
         self._pid = os.getpid()
         self._seq = 0
+        self._lost = False
         # Which launch this process belongs to: a harness relaunch, or a restart by torchrun.
         self._attempt = int(os.environ.get(ENV_ATTEMPT, "0"))
         self._restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -80,10 +82,17 @@ class _Controller:
             try:
                 self._file.write(json.dumps(msg).encode() + b"\n")
                 line = self._file.readline()
-            except OSError:
-                line = b""
+                problem = "" if line else "the controller closed the connection"
+            except OSError as e:
+                line, problem = b"", repr(e)
         if not line:
-            return  # controller gone: a probe never changes behaviour on its own
+            # A probe never changes behaviour on its own: go on, unprobed, but say so once (the
+            # harness's faults can no longer fire at this rank).
+            if not self._lost:
+                self._lost = True
+                print(f"ckpt-chaos probe: rank {self._rank} (pid {self._pid}) lost its controller at {name}: "
+                      f"{problem}; going on unprobed", file=sys.stderr, flush=True)
+            return
         answer = json.loads(line)
         if answer.get("do") == "raise":
             raise _exception(answer.get("error", "runtime"), answer.get("message", "injected fault"))

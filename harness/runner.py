@@ -166,9 +166,12 @@ class ChaosRun:
             try:
                 return self._on_event(event)
             except Exception as e:  # a harness bug must show up in the verdict, not vanish in a thread
-                self.errors.append(f"{type(e).__name__}: {e}")
-                self.history.add("harness", "error", error=self.errors[-1])
+                self._harness_error(f"{type(e).__name__}: {e}")
                 return None
+
+    def _harness_error(self, message: str) -> None:
+        self.errors.append(message)
+        self.history.add("harness", "error", error=message)
 
     def _watch_files(self, stop: threading.Event, launch_no: int) -> None:
         """Report each new path under the run directory as an ``fs.created`` event (every ~5 ms).
@@ -224,7 +227,7 @@ class ChaosRun:
         base_cfg = {**s.trainer, "run_dir": str(self.run_dir)}
         mode = s.recovery.relaunch
         launches = 1 if mode in ("none", "torchrun") else s.recovery.max_restarts + 1
-        with ProbeServer(self.on_event) as server:
+        with ProbeServer(self.on_event, on_error=self._harness_error) as server:
             for n in range(launches):
                 world = s.world_size if n == 0 else s.resumed_world_size()
                 self.launch_no = n
