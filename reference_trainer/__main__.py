@@ -44,11 +44,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":
-    code = main()
+def run_and_exit(argv: list[str] | None = None) -> None:
+    """``main``, then leave without the interpreter's finalization (also for trainers built on this one).
+
+    Gloo's C++ threads can abort a process that tears its process group down or finalizes after a
+    successful run ("terminate called without an active exception", pytorch/pytorch#190489).
+    Everything is written and flushed by now, and every rank is past the final barrier."""
+    code = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
-    # Gloo's C++ threads can outlive the interpreter's finalization and abort the process
-    # ("terminate called without an active exception", pytorch/pytorch#190489) after a
-    # successful run; everything is written and flushed here, so skip the finalization.
     os._exit(code)
+
+
+if __name__ == "__main__":
+    run_and_exit()

@@ -324,10 +324,14 @@ def train(cfg: TrainConfig) -> int:
     try:
         trainer = Trainer(cfg, rank, world_size, device)
         rc = trainer.run()
-        dist.barrier()  # no rank tears its connections down while a peer still talks to it
-        return rc
-    finally:
+        dist.barrier()  # no rank leaves while a peer still talks to it
+    except BaseException:
         if dist.is_initialized():
             dist.destroy_process_group()
+        raise
+    finally:
         sys.stdout.flush()
         sys.stderr.flush()
+    # Success: no collective is left. The process group is not destroyed: gloo's teardown can abort
+    # the process after the work is done (pytorch/pytorch#190489); the caller leaves with os._exit.
+    return rc

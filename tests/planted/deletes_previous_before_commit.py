@@ -16,6 +16,6 @@ def _save_after_making_room(self, ts, reason, *args, **kwargs):
 ck.CheckpointManager.save = _save_after_making_room
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()

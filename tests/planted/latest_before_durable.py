@@ -16,6 +16,6 @@ def _commit_latest_first(self, name, *args, **kwargs):
 ck.CheckpointManager._commit = _commit_latest_first
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()

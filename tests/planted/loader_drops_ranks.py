@@ -18,6 +18,6 @@ GlobalBatchSampler.state_dict = _state_dict
 GlobalBatchSampler.load_state_dict = _load_state_dict
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()

@@ -4,6 +4,6 @@ from reference_trainer import state
 state.restore_loader = lambda ts, loader_state: None
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()

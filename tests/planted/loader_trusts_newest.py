@@ -16,6 +16,6 @@ def _newest_unvalidated(root, verify_checksums=True):
 ck.choose_resume = _newest_unvalidated
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()

@@ -6,6 +6,6 @@ from reference_trainer import state
 state.restore_model_and_optimizer = lambda ts, model_sd, optim_sd: set_model_state_dict(ts.model, model_sd)
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()

@@ -25,6 +25,6 @@ ck.ProbedWriter = _NoSyncWriter
 ck.FileSystemWriter = _NoSyncWriter
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()

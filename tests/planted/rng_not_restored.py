@@ -8,6 +8,6 @@ from reference_trainer import state
 state.restore_rank_rng = lambda ts, rng: state.seed_rank_rng(ts.cfg.seed, ts.rank)
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()

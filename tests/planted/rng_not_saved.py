@@ -8,6 +8,6 @@ from reference_trainer import state
 state.rank_state = lambda ts: {"rng": None, "loader": ts.loader.state_dict()}
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()

@@ -19,6 +19,6 @@ def _save_ignoring_errors(*args, **kwargs):
 dcp.save = _save_ignoring_errors
 
 if __name__ == "__main__":
-    from reference_trainer.__main__ import main
+    from reference_trainer.__main__ import run_and_exit
 
-    raise SystemExit(main())
+    run_and_exit()
