@@ -331,13 +331,13 @@ class Cluster:
         if self.job is not None:
             self.job.kill()
         if self.backend == "docker":
-            for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={os.getpid()}",
-                                                                     "name": self.name}):
-                c.remove(force=True)
+            api = self.client.api
+            for c in api.containers(all=True, filters={"label": f"{LABEL}={os.getpid()}", "name": self.name}):
+                _ignore_not_found(api.remove_container, c["Id"], force=True)
             self.network.remove()
-            for v in self.client.volumes.list(filters={"label": f"{LABEL}={os.getpid()}"}):
-                if v.name.startswith(self.name):
-                    v.remove(force=True)
+            for v in api.volumes(filters={"label": f"{LABEL}={os.getpid()}"}).get("Volumes") or []:
+                if v["Name"].startswith(self.name):
+                    _ignore_not_found(api.remove_volume, v["Name"], force=True)
         else:
             for i in list(range(self.max_nodes)) + ["sw"]:
                 subprocess.run(["ip", "netns", "del", self._ns(i)], capture_output=True)
@@ -543,6 +543,14 @@ class Cluster:
                 pass
 
 
+def _ignore_not_found(call, *args, **kwargs) -> None:
+    import docker
+    try:
+        call(*args, **kwargs)
+    except docker.errors.NotFound:
+        pass
+
+
 # ---- leftovers of harnesses that died without cleaning up ----------------------------------------
 
 def _dead(pid: str) -> bool:
@@ -563,13 +571,21 @@ def leftovers(owner: int | None = None) -> list[str]:
         client.ping()
     except Exception:
         return found
-    for kind, coll in (("container", client.containers), ("network", client.networks), ("volume", client.volumes)):
-        items = coll.list(all=True, filters={"label": LABEL}) if kind == "container" else \
-            coll.list(filters={"label": LABEL})
-        for item in items:
-            labels = item.attrs.get("Labels") or item.attrs.get("Config", {}).get("Labels") or {}
-            if wanted(labels.get(LABEL, "")):
-                found.append(f"{kind} {item.name}")
+    # The low-level listings return labels in one call; the high-level ``containers.list`` inspects
+    # each container afterwards and fails with NotFound when one is removed in between (as other
+    # harnesses on this engine do all the time).
+    api = client.api
+    listings = (
+        ("container", [(c["Names"][0].lstrip("/"), c.get("Labels")) for c in
+                       api.containers(all=True, filters={"label": LABEL})]),
+        ("network", [(n["Name"], n.get("Labels")) for n in api.networks(filters={"label": LABEL})]),
+        ("volume", [(v["Name"], v.get("Labels")) for v in
+                    (api.volumes(filters={"label": LABEL}).get("Volumes") or [])]),
+    )
+    for kind, items in listings:
+        for name, labels in items:
+            if wanted((labels or {}).get(LABEL, "")):
+                found.append(f"{kind} {name}")
     return found
 
 
