@@ -21,7 +21,7 @@ COMPONENTS = ("model", "optimizer", "scheduler", "counters", "dataloader", "rng"
 # After a world-size change the per-rank RNG streams are reseeded by design (README).
 WORLD_CHANGE_EXEMPT = ("rng",)
 # Faults after which a trainer may keep training (a failed save is skipped with a warning).
-KEEPS_RUNNING = ("disk_full", "errno", "slow", "corrupt")
+KEEPS_RUNNING = ("disk_full", "errno", "slow", "corrupt", "toxic", "heal")
 # Trainer events that report a storage failure.
 SURFACED = ("save_failed", "ckpt_rejected", "load_failed")
 
@@ -108,6 +108,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     _resume_choice(run, report)
     _crash_states(run, report)
     _committed_valid(run, report)
+    _remote_tier(run, report)
     _lost_work(run, report)
     _final_directory(run, report)
     _timings(run, report)
@@ -168,7 +169,7 @@ def _fault_effects(run: Run, report: Report) -> None:
                       "the job did not stop with an emergency checkpoint after SIGTERM")
             report.add(f"fault_{h['index']}_preemption_handled", ok, detail)
             continue
-        if run.s.expect.job_fails is None and fault.kind in KEEPS_RUNNING:
+        if run.s.expect.job_fails is None and (fault.kind in KEEPS_RUNNING or fault.target == "uploader"):
             continue  # whether the job stops is the trainer's policy; _storage_effects checks it said so
         expect_fail = run.s.expect.job_fails if run.s.expect.job_fails is not None else True
         if ex is None or run.s.recovery.relaunch == "torchrun":
@@ -301,18 +302,27 @@ def _resume_choice(run: Run, report: Report) -> None:
         if before is None or run.s.recovery.relaunch == "torchrun":  # no snapshot between torchrun restarts
             continue
         snap = before["snapshot"]
-        newest = snap["newest_valid"]
+        newest = _newest(snap["newest_valid"], before.get("remote", {}).get("newest_durable"))
         ok = name == newest
         report.add(f"resumed_newest_valid@{launch}", ok,
                    f"launch {launch} resumed from {name or 'scratch'}, the newest valid checkpoint after the crash"
                    if ok else f"launch {launch} resumed from {name or 'scratch'} but the newest valid checkpoint "
                    f"after the crash was {newest or 'none'}{_blame(run, before['t'])}")
         if name is not None:
-            reason = snap["checkpoints"].get(name, "it did not exist")
+            restored = [e for e in run.trainer("restored_from_remote", launch) if e["name"] == name]
+            where = before.get("remote", {}).get("checkpoints", {}) if restored else snap["checkpoints"]
+            reason = where.get(name, "it did not exist" + (" as a durable remote checkpoint" if restored else ""))
             report.add(f"never_loaded_torn@{launch}", reason is None,
                        f"{name} validated after the crash" if reason is None else
                        f"launch {launch} loaded {name} although it was not a valid checkpoint: {reason}"
                        f"{_blame(run, before['t'], name)}")
+
+
+def _newest(*names: str | None) -> str | None:
+    from reference_trainer.checkpoint import parse_name
+
+    found = [n for n in names if n]
+    return max(found, key=parse_name) if found else None
 
 
 def _crash_states(run: Run, report: Report) -> None:
@@ -340,12 +350,17 @@ def _crash_states(run: Run, report: Report) -> None:
                        f"after launch {ex['launch']} died, `latest` named {latest}, which was not a valid "
                        f"checkpoint ({reason}): the pointer moved before the checkpoint was durable"
                        f"{_blame(run, ex['t'])}")
-        before = [c for c in committed if c.get("t", 0) <= ex["t"] and c.get("attempt") == ex["launch"]]
-        before = before or [c for c in committed if c.get("t", 0) <= ex["t"]]
+        pool = committed
+        if any(h["fault"] == "lose_disk" and h["launch"] == ex["launch"] for h in run.harness("fault")):
+            # The local disk is gone with everything on it: what must survive is what was durable.
+            pool = [{"name": e["name"], "t": e["t"], "attempt": e.get("attempt")} for e in run.trainer("uploaded")]
+        before = [c for c in pool if c.get("t", 0) <= ex["t"] and c.get("attempt") == ex["launch"]]
+        before = before or [c for c in pool if c.get("t", 0) <= ex["t"]]
         if not before:
             continue
         last = before[-1]["name"]
         valid = [n for n, r in snap["checkpoints"].items() if r is None]
+        valid += [n for n, r in ex.get("remote", {}).get("checkpoints", {}).items() if r is None]
         ok = last in valid or any(n > last for n in valid)
         if ok:
             report.add(f"committed_survives@{ex['launch']}", True,
@@ -461,6 +476,46 @@ def _committed_valid(run: Run, report: Report) -> None:
                        f"{_blame(run, c.get('t', 0))}")
     if checked > 0:
         report.add("committed_valid", True, f"{checked} committed checkpoint(s) complete when their launch ended")
+
+
+def _remote_tier(run: Run, report: Report) -> None:
+    """With a remote tier: every checkpoint the remote side calls durable is complete (the harness
+    downloads and hashes each object), a restore only ever takes such a checkpoint, and the
+    training loop never waits for an upload."""
+    if run.s.remote is None:
+        return
+    views = [(f"fault_{h['index']}", h, h["remote_after"]) for h in run.harness("fault") if "remote_after" in h]
+    views += [(str(ex["launch"]), ex, ex["remote"]) for ex in run.harness("exit") if "remote" in ex]
+    for label, ex, remote in views:
+        torn = {n: r for n, r in remote["checkpoints"].items() if r is not None}
+        report.add(f"remote_durable_complete@{label}", not torn,
+                   f"{len(remote['checkpoints'])} durable remote checkpoint(s), each complete"
+                   + (f"; {len(remote['partial'])} partial upload(s) without a manifest: {', '.join(remote['partial'])}"
+                      if remote["partial"] else "") if not torn else
+                   "; ".join(f"{n} is marked durable (manifest.json uploaded) but {r}" for n, r in torn.items())
+                   + ": the uploader marked it durable before every object was complete" + _blame(run, ex["t"]))
+    for launch in run.launches()[1:]:
+        before = run.exit_of(launch - 1)
+        for e in run.trainer("restored_from_remote", launch):
+            reason = (before or {}).get("remote", {}).get("checkpoints", {}).get(e["name"], "not durable")
+            report.add(f"restored_durable@{launch}", reason is None,
+                       f"launch {launch} restored {e['name']}, complete on the remote tier" if reason is None else
+                       f"launch {launch} restored {e['name']} from the remote tier, which was {reason}")
+    exits = run.harness("exit")
+    if exits and exits[-1]["rc"] == 0 and run.trainer("finished") and "remote" in exits[-1]:
+        local, remote = exits[-1]["snapshot"]["newest_valid"], exits[-1]["remote"]["newest_durable"]
+        report.add("final_durable", remote == local,
+                   f"the final checkpoint {local} is durable on the remote tier" if remote == local else
+                   f"training finished with {local}, but the newest durable remote checkpoint is {remote or 'none'}: "
+                   "the last upload never completed (see upload_* events in events.jsonl)")
+    queued = [e["stall_s"] for e in run.trainer("upload_queued")]
+    steps = sorted(r["step_time_s"] for r in trajectory_records(run.dir) if r.get("step_time_s"))
+    if queued and steps:
+        worst, step = max(queued), steps[len(steps) // 2]
+        report.add("upload_stall", worst < 0.1 * step,
+                   f"handing {len(queued)} checkpoint(s) to the uploader stalled training at most {worst * 1000:.1f} ms "
+                   f"(median step {step * 1000:.0f} ms)" + ("" if worst < 0.1 * step else
+                                                            ": the training loop waited for an upload"))
 
 
 def _lost_work(run: Run, report: Report) -> None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import errno as errno_module
 import fnmatch
 import os
+import shutil
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -28,6 +30,9 @@ from .cluster import FW_TABLE, STORE_PORT, Cluster
 from .launcher import Job
 from .scenario import Fault, Scenario, target_ranks
 from .storage import Storage, missing
+
+if TYPE_CHECKING:
+    from .objectstore import RemoteTier
 
 
 def requirements(s: Scenario) -> str | None:
@@ -72,6 +77,7 @@ class ProcessNemesis:
     world_size: int
     pids: dict[int, int]  # rank -> pid of the current launch, filled from probe events
     cluster: Cluster | None = None  # multi-node backends: node:N is a whole host
+    roles: dict[str, int] = field(default_factory=dict)  # other processes of the job: "uploader" -> pid
     stopped: list[int] = field(default_factory=list)
     grace_expired: list[float] = field(default_factory=list)  # when a term's grace ran out with the job alive
     _timers: list[threading.Timer] = field(default_factory=list)
@@ -82,6 +88,13 @@ class ProcessNemesis:
         pids = {r: self.pids[r] for r in ranks if r in self.pids}
         missing = sorted(set(ranks) - set(pids))
         record = {"ranks": ranks, "pids": sorted(pids.values()), "missing_ranks": missing}
+        if fault.kind == "kill" and fault.target == "uploader":
+            pid = self.roles.get("uploader")
+            record.update(uploader_pid=pid)
+            if pid is not None:
+                _signal(pid, signal.SIGKILL)
+                _wait_gone([pid])
+            return None, record
         if fault.kind == "kill":
             if fault.target.startswith("node:") and self.cluster is not None:
                 record["node"] = int(fault.target[5:])
@@ -303,3 +316,47 @@ def corrupt(root: Path, fault: Fault) -> dict:
             f.unlink()
             done.append(f"{f.name}: deleted")
     return {"checkpoint": target.name, "files": done}
+
+
+@dataclass
+class RemoteNemesis:
+    """Faults of the remote tier: toxics on the upload link (through the fault proxy), and the loss of
+    the node's local checkpoint disk. Toxics last until a ``heal`` or the end of the launch."""
+
+    tier: "RemoteTier"
+    ckpt_dir: Path  # the node's local checkpoint disk, as the harness sees it
+    job: Job | None = None
+    pids: dict[int, int] = field(default_factory=dict)
+    toxics: list[str] = field(default_factory=list)
+
+    def new_launch(self, job: Job, pids: dict[int, int]) -> None:
+        self.job, self.pids = job, pids
+
+    def fire(self, fault: Fault, event: dict) -> tuple[dict | None, dict]:
+        if fault.kind == "toxic":
+            name = f"{fault.toxic}_{fault.stream}_{len(self.toxics)}"
+            self.tier.add_toxic(name, fault.toxic, fault.stream, fault.toxicity, fault.attributes)
+            self.toxics.append(name)
+            return None, {"link": fault.link, "toxic": fault.toxic, "stream": fault.stream,
+                          "toxicity": fault.toxicity, "attributes": fault.attributes, "proxy": self.tier.proxy_name}
+        if fault.kind == "heal":
+            return None, {"removed_toxics": self.heal()}
+        if fault.kind == "lose_disk":
+            # The node dies first (its launcher and every rank, the uploader with rank 0), then its disk.
+            pids = list(self.pids.values())
+            _signal(self.job.launcher_pids()[0], signal.SIGKILL)
+            for pid in pids:
+                _signal(pid, signal.SIGKILL)
+            _wait_gone(pids)
+            self.job.kill()
+            wiped = sorted(p.name for p in self.ckpt_dir.iterdir()) if self.ckpt_dir.is_dir() else []
+            for p in self.ckpt_dir.iterdir() if self.ckpt_dir.is_dir() else []:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            return None, {"pids": pids, "wiped": wiped}
+        raise ValueError(f"not a remote fault: {fault.kind}")
+
+    def heal(self) -> list[str]:
+        removed, self.toxics = self.toxics, []
+        for name in removed:
+            self.tier.remove_toxic(name)
+        return removed

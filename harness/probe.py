@@ -52,7 +52,18 @@ POINTS = (
     "sigterm.received",  # this rank noticed its SIGTERM at a micro-step boundary
     "sigterm.agreed",  # all ranks agreed to stop at this boundary
     "train.end",  # training finished, before the process group is destroyed
+    # the remote tier's uploader process (role "uploader", reference_trainer/remote.py)
+    "upload.begin",  # an upload of a committed checkpoint starts
+    "upload.write",  # bytes of one object sent; fires at each 10% of the file
+    "upload.object",  # one object put
+    "upload.verify",  # every object put; checking them against the manifest
+    "upload.durable",  # manifest.json put: the remote copy is durable
+    "upload.failed",  # an attempt failed (it is retried with backoff)
+    "remote.retention",  # old remote checkpoints deleted
+    "remote.download",  # rank 0, at start: a newer durable remote checkpoint is being downloaded
+    "remote.restored",  # ... validated and committed locally
 )
+ENV_ROLE = "CKPT_CHAOS_ROLE"  # "uploader" for the remote tier's uploader; ranks leave it unset
 
 
 class InjectedFault(RuntimeError):
@@ -66,6 +77,7 @@ class _Controller:
         self._file = self._sock.makefile("rwb", buffering=0)
         self._lock = threading.Lock()
         self._rank = int(os.environ.get("RANK", "0"))
+        self._role = os.environ.get(ENV_ROLE, "rank")
         self._pid = os.getpid()
         self._seq = 0
         self._lost = False
@@ -76,7 +88,7 @@ class _Controller:
     def report(self, name: str, info: dict) -> None:
         with self._lock:
             self._seq += 1
-            msg = {"rank": self._rank, "pid": self._pid, "seq": self._seq, "attempt": self._attempt,
+            msg = {"rank": self._rank, "role": self._role, "pid": self._pid, "seq": self._seq, "attempt": self._attempt,
                    "restart": self._restart,
                    "point": name, "t": time.time(), "info": info}
             try:

@@ -35,7 +35,8 @@ from .history import History, final_state, snapshot_checkpoints, trainer_events
 from .launcher import REPO_ROOT, Job, launch
 from . import cluster as cluster_module
 from .cluster import Cluster
-from .nemesis import ClusterNemesis, ProcessNemesis, StorageNemesis, requirements
+from .nemesis import ClusterNemesis, ProcessNemesis, RemoteNemesis, StorageNemesis, requirements
+from .objectstore import RemoteTier
 from .probe import ENV_ATTEMPT
 from .scenario import Scenario
 from .storage import Storage, remove_leftovers
@@ -144,8 +145,11 @@ def _alive(proc: psutil.Process) -> bool:
 class ChaosRun:
     """The state of one chaos run while it goes: launches, faults fired, snapshots."""
 
-    def __init__(self, scenario: Scenario, run_dir: Path, storage: Storage, cluster: Cluster | None = None):
+    def __init__(self, scenario: Scenario, run_dir: Path, storage: Storage, cluster: Cluster | None = None,
+                 remote: RemoteTier | None = None):
         self.s = scenario
+        self.remote = remote
+        self.roles: dict[str, int] = {}  # job processes that are not ranks: "uploader" -> pid
         self.cluster = cluster
         self.job = None
         self.run_dir = run_dir
@@ -160,6 +164,7 @@ class ChaosRun:
         self.storage_nemesis = StorageNemesis(storage)
         self.errors: list[str] = []
         self.cluster_nemesis = ClusterNemesis(cluster, self.pids) if cluster else None
+        self.remote_nemesis = RemoteNemesis(remote, run_dir / "checkpoints") if remote else None
 
     def on_event(self, event: dict) -> dict | None:
         with self.lock:
@@ -200,11 +205,15 @@ class ChaosRun:
             if launch_no > self.launch_no:  # torchrun restarted its workers: new processes
                 self.launch_no = launch_no
                 self.pids.clear()
-            if launch_no == self.launch_no and self.job is not None:
+            role = event.get("role", "rank")
+            if launch_no == self.launch_no and self.job is not None and role != "rank":
+                self.roles[role] = self.job.host_pid(event["rank"], event["pid"])
+            elif launch_no == self.launch_no and self.job is not None:
                 # a rank in a container reports its pid there; signals need the host's
                 self.pids[event["rank"]] = self.job.host_pid(event["rank"], event["pid"])
             self.history.add("probe", event["point"], t=event["t"], rank=event["rank"], pid=event["pid"],
-                             launch=launch_no, info=event.get("info", {}))
+                             launch=launch_no, info=event.get("info", {}),
+                             **({"role": event["role"]} if event.get("role", "rank") != "rank" else {}))
         answer = None
         for index, fault in self.generator.observe(event):
             # A probe event holds its rank, so a snapshot first costs nothing; an external event holds
@@ -212,8 +221,12 @@ class ChaosRun:
             snap = None if external else snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
             fired_at = time.time()
             nemesis = {"storage": self.storage_nemesis, "node": self.cluster_nemesis,
-                       "network": self.cluster_nemesis}.get(fault.family, self.nemesis)
+                       "network": self.cluster_nemesis, "remote": self.remote_nemesis}.get(fault.family, self.nemesis)
+            if fault.kind == "heal" and self.cluster is None:
+                nemesis = self.remote_nemesis
             act, record = nemesis.fire(fault, event)
+            if self.remote is not None:  # what the remote tier holds right after the fault acted
+                record["remote_after"] = self.remote.snapshot()
             self.history.add("harness", "fault", t=fired_at, index=index, fault=fault.kind, target=fault.target,
                              launch=launch_no, at={"point": event["point"], "rank": event["rank"],
                                                    "info": event.get("info", {})},
@@ -225,6 +238,8 @@ class ChaosRun:
         s = self.s
         deadline = time.monotonic() + s.expect.deadline_s
         base_cfg = {**s.trainer, "run_dir": str(self.run_dir)}
+        if self.remote is not None:  # not in the golden run: the remote tier does not shape the trajectory
+            base_cfg.update(s.remote.trainer_config(self.remote.url, self.remote.endpoint))
         mode = s.recovery.relaunch
         launches = 1 if mode in ("none", "torchrun") else s.recovery.max_restarts + 1
         with ProbeServer(self.on_event, on_error=self._harness_error) as server:
@@ -232,7 +247,8 @@ class ChaosRun:
                 world = s.world_size if n == 0 else s.resumed_world_size()
                 self.launch_no = n
                 self.pids.clear()
-                env = {ENV_ATTEMPT: str(n), **(self.storage.fiu_env() if self.storage.spec.libfiu else {})}
+                env = {ENV_ATTEMPT: str(n), **(self.storage.fiu_env() if self.storage.spec.libfiu else {}),
+                       **(self.remote.env if self.remote else {})}
                 restarts = s.recovery.max_restarts if mode == "torchrun" else 0
                 controller = server.address if s.probe else None
                 with self.lock:  # events of the new launch must find its job
@@ -245,8 +261,11 @@ class ChaosRun:
                         job = launch(self.run_dir, world, trainer_args(base_cfg), module=s.trainer_module,
                                      controller=controller, env=env, max_restarts=restarts)
                     self.job = job
-                    self.nemesis = ProcessNemesis(job, world, self.pids, cluster=self.cluster)
+                    self.roles.clear()
+                    self.nemesis = ProcessNemesis(job, world, self.pids, cluster=self.cluster, roles=self.roles)
                     self.storage_nemesis.new_launch(job, world, self.pids)
+                    if self.remote_nemesis:
+                        self.remote_nemesis.new_launch(job, self.pids)
                 self.history.add("harness", "launch", launch=n, world_size=world, pid=job.launcher_pids()[0],
                                  mode=mode, probe=s.probe,
                                  **({"backend": self.cluster.backend, "nodes": len(job.agents),
@@ -265,6 +284,8 @@ class ChaosRun:
                     healed = self.storage_nemesis.heal()
                     if self.cluster:
                         self.cluster.heal()
+                    if self.remote_nemesis:
+                        healed = {**(healed or {}), **({"toxics": t} if (t := self.remote_nemesis.heal()) else {})}
                 if healed:
                     self.history.add("harness", "heal", launch=n, **healed)
                 torn_down = getattr(job, "torn_down", [])
@@ -273,7 +294,8 @@ class ChaosRun:
                                      after_s=self.cluster.teardown_s)
                 self.history.add("harness", "exit", launch=n, rc=rc, deadline_hit=timed_out,
                                  grace_expired=self.nemesis.grace_expired,
-                                 snapshot=snapshot_checkpoints(self.ckpt_root))
+                                 snapshot=snapshot_checkpoints(self.ckpt_root),
+                                 **({"remote": self.remote.snapshot()} if self.remote else {}))
                 if timed_out:
                     self.history.add("harness", "deadline", launch=n, deadline_s=s.expect.deadline_s)
                     break
@@ -339,8 +361,9 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN
         remove_leftovers()  # of harnesses killed before they could clean up
     if s.cluster.multi_node:
         cluster_module.remove_leftovers()
-    with Storage(run_dir, spec) as storage, _cluster_for(s, run_dir) as cluster:
-        chaos = ChaosRun(s, run_dir, storage, cluster)
+    with Storage(run_dir, spec) as storage, _cluster_for(s, run_dir) as cluster, \
+            _remote_for(s, run_dir, out_root) as remote:
+        chaos = ChaosRun(s, run_dir, storage, cluster, remote)
         try:
             chaos.run()
         finally:
@@ -349,6 +372,16 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN
     result.wall_s = time.monotonic() - started
     (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1))
     return result
+
+
+def _remote_for(s: Scenario, run_dir: Path, out_root: Path):
+    """The scenario's remote tier (S3 endpoint + fault proxy), or a null context without one."""
+    import contextlib
+
+    if s.remote is None:
+        return contextlib.nullcontext()
+    prefix = f"{Path(out_root).name}/{s.name}-{uuid.uuid4().hex[:6]}"  # unique in a shared bucket
+    return RemoteTier(run_dir, prefix, s.remote.proxy)
 
 
 def _cluster_for(s: Scenario, run_dir: Path):

@@ -67,6 +67,22 @@ Node and network faults need a multi-node backend (``[cluster]``)::
     target = "node:1"
     when = { point = "ckpt.shard.write", rank = 1, save = 2, min_fraction = 0.5 }
 
+A remote checkpoint tier (S3; moto's server here) with faults on its link::
+
+    [remote]                        # the trainer uploads each committed checkpoint in the background
+    proxy = true                    # through the fault proxy (Toxiproxy's API), so toxics apply
+    timeout_s = 2.0                 # one stalled request fails after this, then retries with backoff
+
+    [[faults]]
+    kind = "toxic"                  # toxic: a Toxiproxy toxic on a link, until a heal or the launch ends
+    link = "remote"                 # remote (trainer <-> S3) | store (rendezvous store)
+    toxic = "bandwidth"             # latency | bandwidth | timeout | reset_peer | slicer | limit_data | slow_close
+    attributes = { rate = 256 }     # the toxic's attributes (KB/s here)
+    when = { point = "upload.write", nth = 1 }
+
+``kind = "lose_disk"`` kills the node and wipes its checkpoint disk; ``kind = "kill"`` with
+``target = "uploader"`` kills only the uploader process.
+
 Every problem in a file is reported with the file, the key, what was found and what is allowed;
 nothing runs from a file that does not validate.
 """
@@ -108,11 +124,17 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
                               "durable by fsync"),
     "corrupt": ("storage", "truncate, flip bits in, or delete files of a committed checkpoint (newest, oldest or "
                            "by name)"),
+    "toxic": ("remote", "add a Toxiproxy toxic (latency, bandwidth, timeout, reset_peer, slicer, limit_data, "
+                        "slow_close) to the upload link (link = remote) or the rendezvous-store link (link = store), "
+                        "until a heal or the end of the launch"),
+    "lose_disk": ("remote", "SIGKILL the whole node and wipe its local checkpoint disk: the relaunch has only the "
+                            "remote tier to resume from"),
 }
 # The keys each kind takes beyond kind, when, target and attempt.
 KIND_KEYS: dict[str, tuple[str, ...]] = {
     "kill": (), "term": ("grace_s",), "stop": (), "raise": ("error",),
     "pause": (), "replace": (), "partition": ("split", "cut"), "heal": (),
+    "toxic": ("link", "toxic", "stream", "toxicity", "attributes"), "lose_disk": (),
     "disk_full": ("headroom_kb", "keep_full"),
     "errno": ("call", "errno", "path", "nth_call", "count", "probability", "seed", "via"),
     "slow": ("call", "path", "latency_ms", "bandwidth_mb_s"),
@@ -130,6 +152,13 @@ SPLITS = ("isolate", "halves", "store")
 CUTS = ("nftables", "disconnect")
 TRAJECTORY = ("bit-exact", "tolerance")
 RAISE_ERRORS = ("oom", "io", "runtime")
+LINKS = ("remote", "store")
+STREAMS = ("upstream", "downstream")
+# Toxiproxy's toxics and the attributes each takes (https://github.com/Shopify/toxiproxy#toxics).
+TOXICS: dict[str, tuple[str, ...]] = {
+    "latency": ("latency", "jitter"), "bandwidth": ("rate",), "slow_close": ("delay",), "timeout": ("timeout",),
+    "reset_peer": ("timeout",), "slicer": ("average_size", "size_variation", "delay"), "limit_data": ("bytes",),
+}
 
 
 class ScenarioError(ValueError):
@@ -180,6 +209,11 @@ class Fault:
     checkpoint: str = "newest"  # corrupt: newest | oldest | a checkpoint name
     split: str = "isolate"  # partition: isolate | halves | store
     cut: str = "nftables"  # partition: nftables | disconnect
+    link: str = "remote"  # toxic: remote (trainer <-> S3) | store (agents and ranks <-> rendezvous store)
+    toxic: str = "timeout"  # toxic: the Toxiproxy toxic type (TOXICS)
+    stream: str = "upstream"  # toxic: upstream (client to server) | downstream
+    toxicity: float = 1.0  # toxic: the chance that it applies to a connection
+    attributes: dict[str, Any] = field(default_factory=dict)  # toxic: its attributes, e.g. { rate = 256 }
 
     @property
     def family(self) -> str:
@@ -200,6 +234,23 @@ class Cluster:
     @property
     def multi_node(self) -> bool:
         return self.backend != "local"
+
+
+@dataclass
+class Remote:
+    """The remote tier: an S3 endpoint (moto here) that the trainer uploads to, through the fault proxy."""
+
+    proxy: bool = True  # route the upload link through the fault proxy (toxic faults need it)
+    keep_last: int = 2  # remote_keep_last of the trainer
+    timeout_s: float = 2.0  # remote_timeout_s: one stalled request fails after this
+    retries: int = 5  # upload_retries
+    backoff_s: float = 0.2  # upload_backoff_s
+    drain_s: float = 30.0  # upload_drain_s: how long the last upload may take at the end
+
+    def trainer_config(self, url: str, endpoint: str) -> dict[str, Any]:
+        return {"remote_url": url, "remote_endpoint": endpoint, "remote_keep_last": self.keep_last,
+                "remote_timeout_s": self.timeout_s, "upload_retries": self.retries,
+                "upload_backoff_s": self.backoff_s, "upload_drain_s": self.drain_s}
 
 
 @dataclass
@@ -233,6 +284,7 @@ class Scenario:
     trainer: dict[str, Any] = field(default_factory=dict)
     storage: Storage = field(default_factory=Storage)
     cluster: Cluster = field(default_factory=Cluster)
+    remote: Remote | None = None  # [remote]: the run has a remote checkpoint tier
     recovery: Recovery = field(default_factory=Recovery)
     expect: Expect = field(default_factory=Expect)
     source: str = "<python>"  # the file it came from, for messages
@@ -250,6 +302,8 @@ class Scenario:
         """Families, kinds, the backend (docker, netns), ``topology`` when the world size changes, and
         the tags: each is a pytest marker and a ``ckpt-chaos run -k`` selector."""
         extra = [self.cluster.backend] if self.cluster.multi_node else []
+        if self.remote is not None:
+            extra.append("remote")
         if self.resumed_world_size() != self.world_size:
             extra.append("topology")
         return list(dict.fromkeys(self.families + self.kinds + extra + self.tags))
@@ -281,6 +335,8 @@ class Scenario:
                 del f[k]
         if not self.cluster.multi_node:
             d.pop("cluster")
+        if self.remote is None:
+            d.pop("remote")
         for part in ("recovery", "expect"):
             d[part] = {k: v for k, v in d[part].items() if v is not None}
         return d
@@ -335,6 +391,8 @@ def target_ranks(target: str, world_size: int, triggering: int | None = None,
     ``ranks_per_node`` None (the local backend) there is one node holding every rank."""
     if target == "triggering":
         return [] if triggering is None else [triggering]
+    if target == "uploader":  # the remote tier's uploader process, not a rank
+        return []
     if target.startswith("node:"):
         if ranks_per_node is None:
             return list(range(world_size)) if target == "node:0" else []
@@ -356,7 +414,11 @@ def target_ranks(target: str, world_size: int, triggering: int | None = None,
 
 def _check_target(target: str, s: Scenario, source: str, key: str) -> None:
     world_size, nodes = s.world_size, s.nodes()
-    fix = "use rank:N, ranks:A,B, all, majority, minority, node:N or triggering"
+    fix = "use rank:N, ranks:A,B, all, majority, minority, node:N, triggering or uploader"
+    if target == "uploader":
+        if s.remote is None:
+            raise _error(source, key, "the uploader exists only with a remote tier", "add a [remote] table")
+        return
     try:
         ranks = target_ranks(target, world_size, triggering=0,
                              ranks_per_node=s.cluster.ranks_per_node if s.cluster.multi_node else None)
@@ -378,7 +440,7 @@ def _check_target(target: str, s: Scenario, source: str, key: str) -> None:
 def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
     """Build and validate a scenario from a parsed table."""
     top = _take(Scenario, {k: v for k, v in data.items()
-                           if k not in ("faults", "recovery", "expect", "storage", "cluster")},
+                           if k not in ("faults", "recovery", "expect", "storage", "cluster", "remote")},
                 source, "")
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
@@ -410,10 +472,11 @@ def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
         faults.append(Fault(**f))
     storage = Storage(**_take(Storage, data.get("storage", {}), source, "storage"))
     cluster = Cluster(**_take(Cluster, data.get("cluster", {}), source, "cluster"))
+    remote = Remote(**_take(Remote, data["remote"], source, "remote")) if "remote" in data else None
     recovery = Recovery(**_take(Recovery, data.get("recovery", {}), source, "recovery"))
     expect = Expect(**_take(Expect, data.get("expect", {}), source, "expect"))
     scenario = Scenario(name=top.pop("name", default_name), faults=faults, storage=storage, cluster=cluster,
-                        recovery=recovery,
+                        remote=remote, recovery=recovery,
                         expect=expect,
                         source=source, **top)
     validate(scenario)
@@ -445,7 +508,10 @@ def validate(s: Scenario) -> None:
         raise _error(src, "expect.trajectory", "bit-exact across a world-size change",
                      "use trajectory = \"tolerance\" (the README says why)")
     for i, f in enumerate(s.faults):
-        if f.family in ("node", "network"):
+        if f.kind == "heal" and not s.cluster.multi_node and s.remote is not None:
+            if not any(g.kind == "toxic" and g.attempt == f.attempt for g in s.faults):
+                raise _error(src, f"faults[{i}].kind", "heal without a toxic in the same launch", "add a toxic fault")
+        elif f.family in ("node", "network"):
             _check_cluster_fault(s, i, f)
         _check_target(f.target, s, src, f"faults[{i}].target")
         if not s.probe and f.when.point not in EXTERNAL_POINTS:
@@ -466,6 +532,10 @@ def validate(s: Scenario) -> None:
             raise _error(src, f"faults[{i}].grace_s", f"{f.grace_s}", "use a positive grace period")
         if f.family == "storage":
             _check_storage_fault(s, i, f)
+        if f.family == "remote":
+            _check_remote_fault(s, i, f)
+        if f.target == "uploader" and f.kind != "kill":
+            raise _error(src, f"faults[{i}].target", f"{f.kind} does not act on the uploader", "use kind = \"kill\"")
         if f.attempt > s.recovery.max_restarts:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
@@ -532,10 +602,44 @@ def _check_cluster_fault(s: Scenario, i: int, f: Fault) -> None:
         if f.split == "store" and f.target == "node:0":
             raise _error(src, f"{key}.target", "node 0 hosts the rendezvous store", "cut another node")
     elif f.kind == "heal":
-        if not any(g.kind == "partition" and g.attempt == f.attempt for g in s.faults):
-            raise _error(src, f"{key}.kind", "heal without a partition in the same launch", "add a partition fault")
+        if not any(g.kind in ("partition", "toxic") and g.attempt == f.attempt for g in s.faults):
+            raise _error(src, f"{key}.kind", "heal without a partition or toxic in the same launch",
+                         "add a partition or toxic fault")
     elif not f.target.startswith("node:"):
         raise _error(src, f"{key}.target", f"{f.kind} acts on whole nodes", "use target = \"node:N\"")
+
+
+def _check_remote_fault(s: Scenario, i: int, f: Fault) -> None:
+    src, key = s.source, f"faults[{i}]"
+    if s.remote is None:
+        raise _error(src, f"{key}.kind", f"{f.kind} needs a remote tier", "add a [remote] table")
+    if s.cluster.multi_node:
+        raise _error(src, f"{key}.kind", f"{f.kind} runs on the local backend here, not {s.cluster.backend!r}",
+                     "drop [cluster], or the remote fault")
+    if f.when.point in EXTERNAL_POINTS:
+        raise _error(src, f"{key}.when.point", f"{f.kind} acts at a probe point", "use a probe point")
+    if f.kind == "lose_disk" and f.target not in ("node:0", "all"):
+        raise _error(src, f"{key}.target", "the local backend has one node, and its disk goes with it",
+                     "use target = \"node:0\"")
+    if f.kind != "toxic":
+        return
+    if f.link not in LINKS:
+        raise _error(src, f"{key}.link", f"unknown link {f.link!r}", f"allowed: {', '.join(LINKS)}")
+    if f.link == "remote" and not s.remote.proxy:
+        raise _error(src, f"{key}.link", "the upload link bypasses the fault proxy (remote.proxy = false)",
+                     "set [remote] proxy = true")
+    if f.toxic not in TOXICS:
+        raise _error(src, f"{key}.toxic", f"unknown toxic {f.toxic!r}", f"allowed: {', '.join(TOXICS)}")
+    if f.stream not in STREAMS:
+        raise _error(src, f"{key}.stream", f"unknown stream {f.stream!r}", f"allowed: {', '.join(STREAMS)}")
+    if not 0 <= f.toxicity <= 1:
+        raise _error(src, f"{key}.toxicity", f"{f.toxicity}", "use a probability in [0, 1]")
+    for k, v in f.attributes.items():
+        if k not in TOXICS[f.toxic]:
+            raise _error(src, f"{key}.attributes.{k}", f"not an attribute of {f.toxic}",
+                         f"{f.toxic} takes {', '.join(TOXICS[f.toxic])}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise _error(src, f"{key}.attributes.{k}", f"wrong value {v!r}", "use a whole number >= 0")
 
 
 def _check_storage_fault(s: Scenario, i: int, f: Fault) -> None:

@@ -55,6 +55,14 @@ class TrainConfig:
     verify_checksums: bool = True  # validate sizes and SHA-256 of every file before loading
     record_digests: bool = True  # per-component state digests at every save and load
     on_save_failure: str = "continue"  # continue (warn loudly, keep training) | stop (exit non-zero)
+    # remote tier (reference_trainer/remote.py): background upload of committed checkpoints to S3
+    remote_url: str = ""  # s3://bucket/prefix; empty: no remote tier
+    remote_endpoint: str = ""  # S3 endpoint URL (moto, MinIO); empty: AWS's own
+    remote_timeout_s: float = 5.0  # connect/read timeout of one request; a stalled link fails this fast
+    remote_keep_last: int = 2  # durable checkpoints kept on the remote tier
+    upload_retries: int = 5  # attempts per checkpoint, with exponential backoff ...
+    upload_backoff_s: float = 0.5  # ... starting at this
+    upload_drain_s: float = 60.0  # at the end of training, how long the last upload may take
     # run
     run_dir: str = "runs/default"
     digest_every: int = 0  # full model+optimizer digest in the trajectory every N steps (and last)
@@ -89,6 +97,10 @@ class TrainConfig:
             raise ConfigError(f"device={self.device!r}: allowed values are auto, cpu, cuda")
         if self.on_save_failure not in ("continue", "stop"):
             raise ConfigError(f"on_save_failure={self.on_save_failure!r}: allowed values are continue, stop")
+        if self.remote_url and not (self.remote_url.startswith("s3://") and len(self.remote_url) > 5):
+            raise ConfigError(f"remote_url={self.remote_url!r}: expected s3://bucket/prefix")
+        if self.remote_url and (self.remote_keep_last < 1 or self.upload_retries < 1):
+            raise ConfigError("remote_keep_last and upload_retries must be >= 1 with a remote tier")
         if self.global_batch % self.grad_accum:
             raise ConfigError(f"global_batch={self.global_batch} is not divisible by grad_accum={self.grad_accum}")
         if world_size is not None:
@@ -113,7 +125,8 @@ RESUMABLE_CHANGES = frozenset({
     "ckpt_dir", "ckpt_every_steps", "ckpt_every_seconds", "async_save", "keep_last", "keep_every",
     "keep_best", "verify_checksums", "record_digests", "on_save_failure", "run_dir", "digest_every",
     "stop_after_microbatches", "threads", "device", "collective_timeout_s", "preempt_grace_s",
-    "step_delay_s",
+    "step_delay_s", "remote_url", "remote_endpoint", "remote_timeout_s", "remote_keep_last", "upload_retries",
+    "upload_backoff_s", "upload_drain_s",
 })
 
 

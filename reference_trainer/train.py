@@ -157,6 +157,7 @@ class Trainer:
         async_group = dist.new_group(backend="gloo") if cfg.async_save else None
         self.ckpt = CheckpointManager(cfg, rank, world_size, self.log, async_group)
         self.local_ids: list[torch.Tensor] = []
+        self.upload_drain_s = cfg.upload_drain_s  # how long the last upload may take after training
         self.step_loss = torch.zeros((), dtype=torch.float32)
 
     def log(self, event: str, **fields) -> None:
@@ -297,6 +298,8 @@ class Trainer:
                 self.fold_partial_step()
             self.ckpt.save(self.ts, reason, blocking=True)
         elapsed = time.perf_counter() - started
+        # What is left of the grace period goes to the uploader (the emergency checkpoint's way off the node).
+        self.upload_drain_s = min(self.cfg.upload_drain_s, self.cfg.preempt_grace_s - elapsed - 1.0)
         self.log("stopped", reason=reason, step=p.step, micro=p.micro, save_s=elapsed,
                  grace_s=self.cfg.preempt_grace_s)
         if reason == "preempt" and elapsed > self.cfg.preempt_grace_s:
@@ -325,6 +328,8 @@ def train(cfg: TrainConfig) -> int:
         trainer = Trainer(cfg, rank, world_size, device)
         rc = trainer.run()
         dist.barrier()  # no rank leaves while a peer still talks to it
+        # After the barrier: the peers are done, so waiting for the uploader trips no collective timeout.
+        trainer.ckpt.close(trainer.upload_drain_s)
     except BaseException:
         if dist.is_initialized():
             dist.destroy_process_group()

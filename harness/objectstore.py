@@ -1,0 +1,222 @@
+"""The remote tier of a run: an S3 endpoint on loopback, and the harness's own view of what it holds.
+
+No S3-compatible server is in the package registries here, so a run starts moto's standalone
+server (``python -m moto.server``), a real HTTP server that speaks the S3 REST API, as a child of
+the harness that dies with it. The trainer reaches it through the fault proxy
+(``harness/toxiproxy.py``), so the upload link can be cut, slowed or reset; the harness reads the
+bucket directly, never through the proxy.
+
+Nothing here is moto-specific beyond starting it: to run against MinIO or a cloud bucket, set
+``CKPT_CHAOS_S3_ENDPOINT`` (and the usual ``AWS_*`` credentials) and the harness uses that
+endpoint instead of starting a server; each run then writes under its own prefix.
+
+``snapshot`` is the checker's evidence: every checkpoint under the run's prefix, whether it is
+durable (its ``manifest.json`` exists) and, for a durable one, whether every object the manifest
+lists is there with the right size and SHA-256, downloaded and hashed by the harness itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .launcher import _term_when_parent_dies
+
+ENV_ENDPOINT = "CKPT_CHAOS_S3_ENDPOINT"
+BUCKET = "ckpt-chaos"
+# moto accepts any credentials; a real endpoint uses whatever the environment provides.
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "ckpt-chaos", "AWS_SECRET_ACCESS_KEY": "ckpt-chaos",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _client(endpoint: str):
+    import boto3
+    from botocore.config import Config
+
+    env = {k: os.environ.get(k, v) for k, v in CREDENTIALS.items()}
+    return boto3.client("s3", endpoint_url=endpoint, region_name=env["AWS_DEFAULT_REGION"],
+                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                        config=Config(retries={"max_attempts": 3}, connect_timeout=5, read_timeout=30))
+
+
+@dataclass
+class S3Server:
+    """An S3 endpoint for one run: moto on a free loopback port (or ``CKPT_CHAOS_S3_ENDPOINT``)."""
+
+    log_path: Path
+    endpoint: str = ""
+    bucket: str = BUCKET
+    proc: subprocess.Popen | None = None
+    env: dict = field(default_factory=dict)  # what the trainer needs to reach it (credentials)
+
+    def __enter__(self) -> "S3Server":
+        external = os.environ.get(ENV_ENDPOINT)
+        self.env = {k: os.environ.get(k, v) for k, v in CREDENTIALS.items()} if not external else {}
+        if external:
+            self.endpoint = external
+        else:
+            port = _free_port()
+            self.endpoint = f"http://127.0.0.1:{port}"
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_term_when_parent_dies)
+        self._wait_ready()
+        client = _client(self.endpoint)
+        try:
+            client.create_bucket(Bucket=self.bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        return self
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        host, port = self.endpoint.split("//", 1)[1].split(":")
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"the S3 server (moto) exited with {self.proc.returncode}; "
+                                   f"its log: {self.log_path}")
+            try:
+                with socket.create_connection((host, int(port.rstrip("/"))), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"the S3 endpoint {self.endpoint} did not answer within {timeout:.0f}s")
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+
+def snapshot(endpoint: str, url: str) -> dict:
+    """The remote tier under ``url`` right now, checked by the harness: ``checkpoints`` maps each
+    durable checkpoint to why it is not complete (None: every object matches its manifest),
+    ``partial`` lists names with objects but no manifest (uploads that never became durable)."""
+    from reference_trainer.checkpoint import MANIFEST, parse_name
+
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    prefix = prefix.strip("/")
+    client = _client(endpoint)
+    start = prefix + "/" if prefix else ""
+    objects: dict[str, dict[str, int]] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start):
+        for obj in page.get("Contents", []):
+            name, _, file = obj["Key"][len(start):].partition("/")
+            if parse_name(name) and file:
+                objects.setdefault(name, {})[file] = obj["Size"]
+    checkpoints: dict[str, str | None] = {}
+    for name, files in objects.items():
+        if MANIFEST not in files:
+            continue
+        checkpoints[name] = _problem(client, bucket, f"{start}{name}/", files)
+    order = sorted(checkpoints, key=parse_name, reverse=True)
+    complete = [n for n in order if checkpoints[n] is None]
+    return {"checkpoints": {n: checkpoints[n] for n in order},
+            "partial": sorted(n for n, f in objects.items() if MANIFEST not in f),
+            "newest_durable": complete[0] if complete else None}
+
+
+def _problem(client, bucket: str, key_prefix: str, sizes: dict[str, int]) -> str | None:
+    """Why a durable remote checkpoint is not what its manifest says (None: it is)."""
+    try:
+        manifest = json.loads(client.get_object(Bucket=bucket, Key=key_prefix + "manifest.json")["Body"].read())
+    except ValueError as e:
+        return f"manifest.json is unreadable: {e}"
+    for file, want in manifest.get("files", {}).items():
+        if file not in sizes:
+            return f"{file} is missing"
+        if sizes[file] != want["size"]:
+            return f"{file} has {sizes[file]} bytes, manifest says {want['size']}"
+        body = client.get_object(Bucket=bucket, Key=key_prefix + file)["Body"].read()
+        if hashlib.sha256(body).hexdigest() != want["sha256"]:
+            return f"{file} fails its SHA-256 checksum"
+    return None
+
+
+class RemoteTier:
+    """A run's remote tier: the S3 endpoint, and (``proxy``) a fault-proxy route to it for the trainer."""
+
+    def __init__(self, run_dir: Path, prefix: str, proxy: bool):
+        self.run_dir, self.prefix, self.use_proxy = run_dir, prefix, proxy
+        self.s3 = S3Server(run_dir / "s3.log")
+        self.proxy_server = None
+        self.proxy_name = ""
+        self.endpoint = ""  # what the trainer uses
+
+    def __enter__(self) -> "RemoteTier":
+        self.s3.__enter__()
+        self.endpoint = self.s3.endpoint
+        if self.use_proxy:
+            try:
+                from . import toxiproxy
+
+                self.proxy_server = toxiproxy.connect()
+                host, port = self.s3.endpoint.split("//", 1)[1].rstrip("/").split(":")
+                self.proxy_name = f"s3-{os.getpid()}-{self.prefix.replace('/', '-')}"
+                proxy = self._api().create(upstream=f"{host}:{port}", name=self.proxy_name, listen="127.0.0.1:0")
+                self.endpoint = f"http://{proxy.listen}"
+            except BaseException:
+                self.close()
+                raise
+        return self
+
+    def _api(self):
+        from toxiproxy import Toxiproxy
+        from toxiproxy.api import APIConsumer
+
+        APIConsumer.host, APIConsumer.port = self.proxy_server.host, self.proxy_server.port
+        return Toxiproxy()
+
+    def add_toxic(self, name: str, kind: str, stream: str, toxicity: float, attributes: dict) -> None:
+        self._api().get_proxy(self.proxy_name).add_toxic(name=name, type=kind, stream=stream, toxicity=toxicity,
+                                                        attributes=dict(attributes))
+
+    def remove_toxic(self, name: str) -> None:
+        self._api().get_proxy(self.proxy_name).destroy_toxic(name)
+
+    @property
+    def url(self) -> str:
+        return self.s3.url(self.prefix)
+
+    @property
+    def env(self) -> dict:
+        return self.s3.env
+
+    def snapshot(self) -> dict:
+        return snapshot(self.s3.endpoint, self.url)
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.proxy_server is not None:
+            try:
+                if self.proxy_name:
+                    proxy = self._api().get_proxy(self.proxy_name)
+                    if proxy is not None:
+                        proxy.destroy()
+            except Exception:
+                pass  # the server goes next anyway (ours), or keeps a dead route (a shared real one)
+            self.proxy_server.close()
+            self.proxy_server = None
+        self.s3.close()

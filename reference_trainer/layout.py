@@ -1,0 +1,161 @@
+"""What a checkpoint directory holds, and how to tell a complete checkpoint from a torn one.
+
+Names, the manifest, durable small writes, validation, the resume choice and quarantine: plain
+files and no torch, so that the uploader process and the harness read checkpoints without
+importing a training stack. ``checkpoint.py`` writes checkpoints (DCP) on top of this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+MANIFEST = "manifest.json"
+LATEST = "latest"
+TMP_PREFIX = ".tmp-"
+TRASH_PREFIX = ".trash-"
+REJECTED = "rejected"
+FORMAT = 1
+_NAME = re.compile(r"^step_(\d{8})(?:\.(\d{3}))?$")
+
+
+def checkpoint_name(step: int, micro: int = 0) -> str:
+    return f"step_{step:08d}" + (f".{micro:03d}" if micro else "")
+
+
+def parse_name(name: str) -> tuple[int, int] | None:
+    m = _NAME.match(name)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Committed-looking checkpoint directories, newest first (not yet validated)."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and parse_name(p.name)]
+    return sorted(found, key=lambda p: parse_name(p.name), reverse=True)
+
+
+# ---- durability helpers -------------------------------------------------------------------
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write a small file atomically: temporary file, fsync, rename, fsync of the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    fsync_path(path.parent)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory so that a crash midway never leaves a half-deleted ``step_*``."""
+    trash = path.with_name(TRASH_PREFIX + path.name)
+    os.rename(path, trash)
+    fsync_path(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+def read_manifest(path: Path) -> dict:
+    return json.loads((path / MANIFEST).read_text())
+
+
+def validate(path: Path, verify_checksums: bool = True, name: str | None = None) -> str | None:
+    """None if ``path`` is a complete, intact checkpoint; otherwise the reason it is not.
+    ``name``: the name it will have (a download still in its temporary directory)."""
+    try:
+        manifest = read_manifest(path)
+    except FileNotFoundError:
+        return "manifest.json is missing"
+    except (OSError, ValueError) as e:
+        return f"manifest.json is unreadable: {e}"
+    if manifest.get("format") != FORMAT:
+        return f"manifest format {manifest.get('format')!r} is not {FORMAT}"
+    if parse_name(name or path.name) != (manifest.get("step"), manifest.get("micro")):
+        return f"manifest says step {manifest.get('step')}.{manifest.get('micro')}, directory is {name or path.name}"
+    if ".metadata" not in manifest.get("files", {}):
+        return "manifest lists no DCP .metadata file"
+    for name, want in manifest["files"].items():
+        f = path / name
+        try:
+            size = f.stat().st_size
+        except FileNotFoundError:
+            return f"{name} is missing"
+        if size != want["size"]:
+            return f"{name} has {size} bytes, manifest says {want['size']}"
+        if verify_checksums and sha256_file(f) != want["sha256"]:
+            return f"{name} fails its SHA-256 checksum"
+    return None
+
+
+def quarantine(root: Path, path: Path, reason: str, log: Callable[..., None]) -> None:
+    """Move a checkpoint that failed validation out of the resume path, keeping it."""
+    dest_root = root / REJECTED
+    dest_root.mkdir(exist_ok=True)
+    dest = dest_root / f"{path.name}.{int(time.time() * 1000)}"
+    os.rename(path, dest)
+    try:
+        (dest / "REJECTED_BECAUSE").write_text(reason + "\n")
+    except OSError as e:  # a full disk must not stop the resume; the reason is in events.jsonl too
+        log("quarantine_note_failed", name=path.name, error=str(e))
+    fsync_path(root)
+
+
+@dataclass
+class ResumeChoice:
+    path: Path | None
+    manifest: dict | None
+    rejected: list[tuple[str, str]]  # (name, reason) of newer checkpoints that failed validation
+    latest_hint: str | None
+
+
+def choose_resume(root: Path, verify_checksums: bool = True) -> ResumeChoice:
+    """The newest checkpoint that validates; older ones are tried in turn."""
+    rejected: list[tuple[str, str]] = []
+    latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
+    for path in list_checkpoints(root):
+        reason = validate(path, verify_checksums)
+        if reason is None:
+            return ResumeChoice(path, read_manifest(path), rejected, latest)
+        rejected.append((path.name, reason))
+    return ResumeChoice(None, None, rejected, latest)
+
+
+def describe(root: Path, verify_checksums: bool = True) -> list[dict[str, Any]]:
+    """A row per checkpoint directory: name, validity and the manifest's key facts (for the CLI)."""
+    rows = []
+    for path in list_checkpoints(root):
+        reason = validate(path, verify_checksums)
+        row: dict[str, Any] = {"name": path.name, "valid": reason is None, "reason": reason or ""}
+        if reason is None:
+            m = read_manifest(path)
+            row.update(world_size=m["world_size"], tokens_seen=m["tokens_seen"], loss=m["loss"],
+                       bytes=sum(v["size"] for v in m["files"].values()))
+        rows.append(row)
+    return rows
