@@ -163,6 +163,8 @@ class CheckpointManager:
                 restored = restore_newer(self.cfg, self.root, choice.path.name if choice.path else None, self.log)
                 if restored is not None:
                     choice = ResumeChoice(restored, read_manifest(restored), choice.rejected, choice.latest_hint)
+            if self.uploads is not None:
+                self.uploads.start()
         box = [choice]
         dist.broadcast_object_list(box, src=0)
         return box[0]

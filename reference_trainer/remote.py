@@ -12,9 +12,12 @@ write: the training loop never waits for the network). The uploader copies the c
    a cut link, a killed uploader or a full bucket leave objects without a manifest, which nothing
    ever restores and the next uploader deletes.
 
-Failures are retried with exponential backoff; a checkpoint whose local copy vanished (local
-retention moved on) is abandoned. When uploads lag behind, the uploader skips to the newest
-committed checkpoint: an older one would only be deleted by retention once the newer one lands.
+The uploader first hard-links the checkpoint's files into ``.upload-<name>``: when uploads lag
+behind, local retention deletes checkpoints that are still uploading (with ``keep_last = 2`` and
+a slow link, every one of them: nothing would ever become durable), and the links keep the data
+until the upload ends. Failures are retried with exponential backoff. When uploads lag, the
+uploader skips to the newest committed checkpoint: an older one would only be deleted by remote
+retention once the newer one lands.
 Remote retention keeps the newest ``remote_keep_last`` durable checkpoints.
 
 On start, rank 0 compares the newest valid local checkpoint with the newest durable remote one
@@ -52,7 +55,8 @@ from harness.probe import ENV_ROLE  # the probe reports the uploader's events wi
 
 from . import layout as ck
 
-UPLOADER_MODULE = "reference_trainer.remote"  # a trainer built on this one may run its own
+UPLOADER_MODULE = "reference_trainer.remote"
+UPLOAD_PREFIX = ".upload-"  # hard links of a checkpoint being uploaded  # a trainer built on this one may run its own
 
 
 class UploadIncomplete(RuntimeError):
@@ -251,6 +255,11 @@ class UploadQueue:
         self.started += 1
         self.log("uploader_started", pid=self.proc.pid, n=self.started)
 
+    def start(self) -> None:
+        """Start the uploader before training, so a hand-off is only ever a pipe write."""
+        if self.proc is None:
+            self._spawn()
+
     def submit(self, name: str) -> None:
         started = time.perf_counter()
         for _ in range(2):
@@ -324,14 +333,35 @@ class Uploader:
     def upload(self, name: str) -> bool:
         if name in self.done:
             return True
-        path = self.root / name
         retries, backoff = self.args["upload_retries"], self.args["upload_backoff_s"]
         started = time.perf_counter()
         try:
-            manifest = ck.read_manifest(path)
+            path, manifest = self.stage(name)
         except (OSError, ValueError) as e:
-            self.log("upload_abandoned", name=name, reason=f"local copy unreadable: {e}")
+            self.log("upload_abandoned", name=name, reason=f"local copy gone or unreadable: {e}")
             return False
+        try:
+            return self._upload(name, path, manifest, retries, backoff, started)
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def stage(self, name: str) -> tuple[Path, dict]:
+        """Hard-link the checkpoint's files into ``.upload-<name>``: local retention may delete the
+        checkpoint while it uploads (uploads lag behind), and the links keep its data until we are done."""
+        src, staged = self.root / name, self.root / (UPLOAD_PREFIX + name)
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir()
+        manifest = ck.read_manifest(src)
+        for file in list(manifest["files"]) + [ck.MANIFEST]:
+            try:
+                os.link(src / file, staged / file)
+            except OSError as e:
+                if isinstance(e, FileNotFoundError):
+                    raise
+                shutil.copy2(src / file, staged / file)  # a file system without hard links
+        return staged, manifest
+
+    def _upload(self, name: str, path: Path, manifest: dict, retries: int, backoff: float, started: float) -> bool:
         total = sum(v["size"] for v in manifest["files"].values())
         probe.point("upload.begin", name=name, files=len(manifest["files"]), bytes=total)
         error = ""
@@ -387,6 +417,8 @@ class Uploader:
             self.log("remote_retention", deleted=sorted(deleted), kept=sorted(keep))
 
     def run(self, lines) -> int:
+        for stale in self.root.glob(UPLOAD_PREFIX + "*"):  # an earlier uploader died mid-upload
+            shutil.rmtree(stale, ignore_errors=True)
         work: queue.Queue = queue.Queue()
         first = self.pending_at_start()
         if first:
