@@ -103,8 +103,11 @@ def _term_when_parent_dies() -> None:
 
 def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = "reference_trainer",
            controller: str | None = None, max_restarts: int = 0, env: dict[str, str] | None = None,
-           log_name: str = "torchrun.log") -> Job:
-    """Start ``torchrun --standalone --nproc_per_node N -m MODULE ARGS`` with its output in run_dir."""
+           log_name: str = "torchrun.log", rendezvous: str | None = None, rdzv_id: str = "none") -> Job:
+    """Start ``torchrun --standalone --nproc_per_node N -m MODULE ARGS`` with its output in run_dir.
+
+    ``rendezvous`` ("host:port"): instead of a store of its own, torchrun joins the c10d store that
+    already listens there (the harness's, reached through the fault proxy)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", JOB_MARKER: marker,
@@ -113,7 +116,10 @@ def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = 
     if controller:
         full_env[ENV_CONTROLLER] = controller
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    where = (["--standalone"] if rendezvous is None else
+             ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous}", f"--rdzv-id={rdzv_id}",
+              "--rdzv-conf=is_host=false"])
+    cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
            f"--max-restarts={max_restarts}", "-m", module, *trainer_args]
     log = open(run_dir / log_name, "ab")
     log.write(f"$ {' '.join(cmd)}\n".encode())

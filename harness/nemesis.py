@@ -327,7 +327,8 @@ class RemoteNemesis:
     ckpt_dir: Path  # the node's local checkpoint disk, as the harness sees it
     job: Job | None = None
     pids: dict[int, int] = field(default_factory=dict)
-    toxics: list[str] = field(default_factory=list)
+    toxics: list[tuple[str, str]] = field(default_factory=list)  # (link, toxic name), until the launch ends
+    kept: list[tuple[str, str]] = field(default_factory=list)  # ... until a heal fault or the end of the run
 
     def new_launch(self, job: Job, pids: dict[int, int]) -> None:
         self.job, self.pids = job, pids
@@ -335,12 +336,12 @@ class RemoteNemesis:
     def fire(self, fault: Fault, event: dict) -> tuple[dict | None, dict]:
         if fault.kind == "toxic":
             name = f"{fault.toxic}_{fault.stream}_{len(self.toxics)}"
-            self.tier.add_toxic(name, fault.toxic, fault.stream, fault.toxicity, fault.attributes)
-            self.toxics.append(name)
+            self.tier.add_toxic(fault.link, name, fault.toxic, fault.stream, fault.toxicity, fault.attributes)
+            (self.kept if fault.keep else self.toxics).append((fault.link, name))
             return None, {"link": fault.link, "toxic": fault.toxic, "stream": fault.stream,
-                          "toxicity": fault.toxicity, "attributes": fault.attributes, "proxy": self.tier.proxy_name}
+                          "toxicity": fault.toxicity, "attributes": fault.attributes, "proxy": self.tier.proxy_for(fault.link)}
         if fault.kind == "heal":
-            return None, {"removed_toxics": self.heal()}
+            return None, {"removed_toxics": self.heal(everything=True)}
         if fault.kind == "lose_disk":
             # The node dies first (its launcher and every rank, the uploader with rank 0), then its disk.
             pids = list(self.pids.values())
@@ -355,8 +356,11 @@ class RemoteNemesis:
             return None, {"pids": pids, "wiped": wiped}
         raise ValueError(f"not a remote fault: {fault.kind}")
 
-    def heal(self) -> list[str]:
+    def heal(self, everything: bool = False) -> list[str]:
+        """Remove the toxics of this launch (and, with ``everything``, the kept ones too)."""
         removed, self.toxics = self.toxics, []
-        for name in removed:
-            self.tier.remove_toxic(name)
-        return removed
+        if everything:
+            removed, self.kept = removed + self.kept, []
+        for link, name in removed:
+            self.tier.remove_toxic(link, name)
+        return [f"{link}:{name}" for link, name in removed]

@@ -156,12 +156,14 @@ def _problem(client, bucket: str, key_prefix: str, sizes: dict[str, int]) -> str
 class RemoteTier:
     """A run's remote tier: the S3 endpoint, and (``proxy``) a fault-proxy route to it for the trainer."""
 
-    def __init__(self, run_dir: Path, prefix: str, proxy: bool):
-        self.run_dir, self.prefix, self.use_proxy = run_dir, prefix, proxy
+    def __init__(self, run_dir: Path, prefix: str, proxy: bool, store: bool = False):
+        self.run_dir, self.prefix, self.use_proxy, self.use_store = run_dir, prefix, proxy, store
         self.s3 = S3Server(run_dir / "s3.log")
         self.proxy_server = None
         self.proxy_name = ""
         self.endpoint = ""  # what the trainer uses
+        self.store_proc: subprocess.Popen | None = None
+        self.store_endpoint = ""  # with ``store``: the rendezvous store, through the proxy
 
     def __enter__(self) -> "RemoteTier":
         self.s3.__enter__()
@@ -175,10 +177,35 @@ class RemoteTier:
                 self.proxy_name = f"s3-{os.getpid()}-{self.prefix.replace('/', '-')}"
                 proxy = self._api().create(upstream=f"{host}:{port}", name=self.proxy_name, listen="127.0.0.1:0")
                 self.endpoint = f"http://{proxy.listen}"
+                if self.use_store:
+                    self._route_store()
             except BaseException:
                 self.close()
                 raise
         return self
+
+    def _route_store(self) -> None:
+        """A c10d TCPStore hosted by the harness, which the job's torchrun and ranks reach only through
+        the proxy (``link = "store"`` toxics)."""
+        port = _free_port()
+        code = ("import sys, time, torch.distributed as d; "
+                "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False); "
+                "print('ready', flush=True); time.sleep(1e9)")
+        with open(self.run_dir / "store.log", "ab") as log:
+            self.store_proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=log,
+                                               stderr=subprocess.STDOUT, preexec_fn=_term_when_parent_dies)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if self.store_proc.poll() is not None:
+                    raise RuntimeError(f"the rendezvous store exited; its log: {self.run_dir / 'store.log'}")
+                time.sleep(0.1)
+        proxy = self._api().create(upstream=f"127.0.0.1:{port}", name=self.proxy_name + "-store",
+                                   listen="127.0.0.1:0")
+        self.store_endpoint = proxy.listen
 
     def _api(self):
         from toxiproxy import Toxiproxy
@@ -187,12 +214,15 @@ class RemoteTier:
         APIConsumer.host, APIConsumer.port = self.proxy_server.host, self.proxy_server.port
         return Toxiproxy()
 
-    def add_toxic(self, name: str, kind: str, stream: str, toxicity: float, attributes: dict) -> None:
-        self._api().get_proxy(self.proxy_name).add_toxic(name=name, type=kind, stream=stream, toxicity=toxicity,
-                                                        attributes=dict(attributes))
+    def proxy_for(self, link: str) -> str:
+        return self.proxy_name + ("-store" if link == "store" else "")
 
-    def remove_toxic(self, name: str) -> None:
-        self._api().get_proxy(self.proxy_name).destroy_toxic(name)
+    def add_toxic(self, link: str, name: str, kind: str, stream: str, toxicity: float, attributes: dict) -> None:
+        self._api().get_proxy(self.proxy_for(link)).add_toxic(name=name, type=kind, stream=stream, toxicity=toxicity,
+                                                          attributes=dict(attributes))
+
+    def remove_toxic(self, link: str, name: str) -> None:
+        self._api().get_proxy(self.proxy_for(link)).destroy_toxic(name)
 
     @property
     def url(self) -> str:
@@ -211,12 +241,15 @@ class RemoteTier:
     def close(self) -> None:
         if self.proxy_server is not None:
             try:
-                if self.proxy_name:
-                    proxy = self._api().get_proxy(self.proxy_name)
+                for name in (self.proxy_name, self.proxy_name + "-store") if self.proxy_name else ():
+                    proxy = self._api().get_proxy(name)
                     if proxy is not None:
                         proxy.destroy()
             except Exception:
                 pass  # the server goes next anyway (ours), or keeps a dead route (a shared real one)
             self.proxy_server.close()
             self.proxy_server = None
+        if self.store_proc is not None and self.store_proc.poll() is None:
+            self.store_proc.kill()
+            self.store_proc.wait()
         self.s3.close()

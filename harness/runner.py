@@ -258,8 +258,10 @@ class ChaosRun:
                                                   controller=controller, env=env, max_restarts=restarts,
                                                   min_world_size=s.resumed_world_size() if elastic else None)
                     else:
+                        store = self.remote.store_endpoint if self.remote else ""
                         job = launch(self.run_dir, world, trainer_args(base_cfg), module=s.trainer_module,
-                                     controller=controller, env=env, max_restarts=restarts)
+                                     controller=controller, env=env, max_restarts=restarts,
+                                     rendezvous=store or None, rdzv_id=f"{self.run_dir.name}-{n}")
                     self.job = job
                     self.roles.clear()
                     self.nemesis = ProcessNemesis(job, world, self.pids, cluster=self.cluster, roles=self.roles)
@@ -381,7 +383,8 @@ def _remote_for(s: Scenario, run_dir: Path, out_root: Path):
     if s.remote is None:
         return contextlib.nullcontext()
     prefix = f"{Path(out_root).name}/{s.name}-{uuid.uuid4().hex[:6]}"  # unique in a shared bucket
-    return RemoteTier(run_dir, prefix, s.remote.proxy)
+    store = any(f.kind == "toxic" and f.link == "store" for f in s.faults)
+    return RemoteTier(run_dir, prefix, s.remote.proxy, store=store)
 
 
 def _cluster_for(s: Scenario, run_dir: Path):

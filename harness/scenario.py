@@ -134,7 +134,7 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {
 KIND_KEYS: dict[str, tuple[str, ...]] = {
     "kill": (), "term": ("grace_s",), "stop": (), "raise": ("error",),
     "pause": (), "replace": (), "partition": ("split", "cut"), "heal": (),
-    "toxic": ("link", "toxic", "stream", "toxicity", "attributes"), "lose_disk": (),
+    "toxic": ("link", "toxic", "stream", "toxicity", "attributes", "keep"), "lose_disk": (),
     "disk_full": ("headroom_kb", "keep_full"),
     "errno": ("call", "errno", "path", "nth_call", "count", "probability", "seed", "via"),
     "slow": ("call", "path", "latency_ms", "bandwidth_mb_s"),
@@ -214,6 +214,7 @@ class Fault:
     stream: str = "upstream"  # toxic: upstream (client to server) | downstream
     toxicity: float = 1.0  # toxic: the chance that it applies to a connection
     attributes: dict[str, Any] = field(default_factory=dict)  # toxic: its attributes, e.g. { rate = 256 }
+    keep: bool = False  # toxic: stays across relaunches (their rendezvous too), until a heal or the run's end
 
     @property
     def family(self) -> str:
