@@ -50,6 +50,7 @@ chaos: setup
 bench: setup
 	$(PY) benchmarks/storage_stall.py --rounds 5
 	$(PY) benchmarks/backend_startup.py --rounds 5
+	$(PY) benchmarks/remote_upload.py --rounds 5
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

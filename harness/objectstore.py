@@ -42,6 +42,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _background() -> None:
+    """In the S3 server's process: die with the harness, and yield the CPU to the job under test (a
+    real object store would not share the node's cores)."""
+    _term_when_parent_dies()
+    os.nice(10)
+
+
 def _client(endpoint: str):
     import boto3
     from botocore.config import Config
@@ -73,7 +80,7 @@ class S3Server:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_term_when_parent_dies)
+                                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_background)
         self._wait_ready()
         client = _client(self.endpoint)
         try:

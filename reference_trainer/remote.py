@@ -447,6 +447,9 @@ class Uploader:
 
 
 def main() -> int:
+    # Uploads are background work: on a node where the ranks use every core, they must not take
+    # CPU time from training (hashing and HTTP would otherwise slow the steps down).
+    os.nice(10)
     args = json.loads(sys.argv[1])
     uploader = Uploader(args)
     uploader.log("uploader_up", pid=os.getpid())
