@@ -139,6 +139,44 @@ def cmd_ckpts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cadence(args: argparse.Namespace) -> int:
+    """Goodput against checkpoint interval for the user's costs and MTBF; no training is run."""
+    from dataclasses import asdict
+
+    from .goodput import Costs, plot, recommend
+
+    mtbf = args.mtbf_h * 3600 if args.mtbf_h else None
+    if args.node_mtbf_h:  # independent nodes: the job fails when any node does
+        mtbf = args.node_mtbf_h * 3600 / args.nodes
+    if mtbf is None:
+        print("ckpt-chaos cadence: give --mtbf-h (the job's), or --node-mtbf-h with --nodes", file=sys.stderr)
+        return 2
+    costs = Costs(save=args.save_s, restart=args.restart_s, mtbf=mtbf)
+    try:
+        rec = recommend(costs, current=args.interval_s, runs=args.runs, shape=args.weibull_shape,
+                        horizon=args.horizon_h * 3600 if args.horizon_h else None, seed=args.seed)
+    except ValueError as e:
+        print(f"ckpt-chaos cadence: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot(rec, out / "cadence.svg")
+    (out / "cadence.json").write_text(json.dumps(asdict(rec), indent=1) + "\n")
+    print(f"costs: save {costs.save:g} s, restart {costs.restart:g} s, job MTBF {costs.mtbf / 3600:.2f} h")
+    print(f"Young's interval  {rec.young_s / 60:8.1f} min")
+    print(f"Daly's interval   {rec.daly_s / 60:8.1f} min")
+    how = "Monte Carlo, Weibull shape %g" % args.weibull_shape if args.runs and args.weibull_shape != 1 else "model"
+    print(f"best interval     {rec.best_s / 60:8.1f} min   goodput {rec.best_goodput:.2%} ({how})")
+    for name, g in rec.rules.items():
+        print(f"rule of thumb: {name:<30} goodput {g:.2%}")
+    if rec.current_s:
+        lost = rec.best_goodput - rec.current_goodput
+        print(f"your interval     {rec.current_s / 60:8.1f} min   goodput {rec.current_goodput:.2%}: "
+              f"{lost:.2%} of the machine's time lost against the best interval")
+    print(f"plot: {out / 'cadence.svg'}  figures: {out / 'cadence.json'}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ckpt-chaos",
@@ -172,6 +210,21 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--fast", action="store_true", help="skip SHA-256 verification")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=cmd_ckpts)
+
+    c = sub.add_parser("cadence", help="goodput against checkpoint interval for your save cost and MTBF (no training)")
+    c.add_argument("--save-s", type=float, required=True, help="training stall per checkpoint, seconds")
+    c.add_argument("--restart-s", type=float, required=True, help="failure to first new step, seconds")
+    c.add_argument("--mtbf-h", type=float, help="mean time between failures of the whole job, hours")
+    c.add_argument("--node-mtbf-h", type=float, help="per-node MTBF, hours (with --nodes)")
+    c.add_argument("--nodes", type=int, default=1, help="nodes in the job (with --node-mtbf-h)")
+    c.add_argument("--interval-s", type=float, help="your current checkpoint interval, seconds")
+    c.add_argument("--runs", type=int, default=0, help="also simulate this many jobs per interval (Monte Carlo)")
+    c.add_argument("--weibull-shape", type=float, default=1.0,
+                   help="failure-time shape for the simulation: 1 exponential, < 1 infant mortality")
+    c.add_argument("--horizon-h", type=float, help="useful work per simulated job, hours (default: 50 MTBFs)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", default=str(REPORTS_DIR / "cadence"), help="where the plot and figures go")
+    c.set_defaults(func=cmd_cadence)
     return p
 
 
