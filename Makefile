@@ -9,8 +9,9 @@ STAMP  := $(VENV)/.installed
 # Debian packages the faults need: libfuse for faultfs, libfiu for errno injection, e2fsprogs for
 # the loop-mounted ext4 images; docker.io (dockerd, started by the harness on first use), nftables,
 # iproute2 and util-linux (nsenter) for nodes and partitions. Installed when missing and when we
-# are root; otherwise the scenarios that need them are skipped, loudly, with the reason.
-SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io nftables iproute2 util-linux
+# are root; otherwise the scenarios that need them are skipped, loudly, with the reason. chromium:
+# the report's test renders it in a real (headless) browser.
+SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io nftables iproute2 util-linux chromium
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
 .PHONY: setup test chaos bench clean

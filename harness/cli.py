@@ -139,6 +139,19 @@ def cmd_ckpts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Rebuild the HTML report of a stored suite run (reports/<suite>/<time>, or its ``latest`` link)."""
+    root = Path(args.results)
+    if not (root / "results.json").is_file():
+        print(f"ckpt-chaos report: {root} holds no results.json; give a suite run directory such as "
+              f"reports/default/latest", file=sys.stderr)
+        return 2
+    from . import results
+
+    print(f"report: {results.rebuild(root, plots=not args.no_plots)}")
+    return 0
+
+
 def cmd_cadence(args: argparse.Namespace) -> int:
     """Goodput against checkpoint interval for the user's costs and MTBF; no training is run."""
     from dataclasses import asdict
@@ -210,6 +223,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--fast", action="store_true", help="skip SHA-256 verification")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=cmd_ckpts)
+
+    c = sub.add_parser("report", help="rebuild the HTML report of a stored suite run")
+    c.add_argument("results", help="a suite run directory, e.g. reports/default/latest")
+    c.add_argument("--no-plots", action="store_true", help="keep the plots already drawn")
+    c.set_defaults(func=cmd_report)
 
     c = sub.add_parser("cadence", help="goodput against checkpoint interval for your save cost and MTBF (no training)")
     c.add_argument("--save-s", type=float, required=True, help="training stall per checkpoint, seconds")

@@ -42,16 +42,44 @@ def table(results: list[dict]) -> pd.DataFrame:
     return df[COLUMNS]
 
 
-def write(out: Path, suite: str, results: list[dict], wall_s: float) -> Path:
-    """Write results.csv, results.json and index.html; returns the HTML path."""
+def write(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool = True) -> Path:
+    """Write results.csv, results.json and index.html (with each scenario's plots); returns the HTML path."""
     out = Path(out)
     df = table(results)
     df.to_csv(out / "results.csv", index=False)
     (out / "results.json").write_text(json.dumps({"suite": suite, "wall_s": wall_s, "results": results}, indent=1))
-    html = _TEMPLATE.render(suite=suite, wall_s=wall_s, rows=results, counts=df["verdict"].value_counts().to_dict(),
+    return render(out, suite, results, wall_s, plots)
+
+
+def render(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool = True) -> Path:
+    """index.html from stored results (``ckpt-chaos report`` calls this on an old run)."""
+    from .report import plot_scenario
+
+    out = Path(out)
+    rows = []
+    for r in results:
+        run_dir = out / r["scenario"]
+        if plots and run_dir.is_dir():
+            made = plot_scenario(run_dir)
+        else:  # keep what an earlier build drew
+            made = {k: f for k, f in (("loss", "loss.svg"), ("timeline", "timeline.svg")) if (run_dir / f).is_file()}
+        failed = [c for c in r.get("checks", []) if c["verdict"] == "fail"]
+        rows.append({**r, "plots": made, "failed": failed, "has_dir": run_dir.is_dir()})
+    families: dict[str, dict[str, int]] = {}
+    for r in results:
+        for fam in r.get("families") or ["none"]:
+            families.setdefault(fam, {"pass": 0, "fail": 0, "skipped": 0})[r["verdict"]] += 1
+    counts = {k: sum(1 for r in results if r["verdict"] == k) for k in ("pass", "fail", "skipped")}
+    html = _TEMPLATE.render(suite=suite, wall_s=wall_s, rows=rows, counts=counts, families=families,
                             generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     (out / "index.html").write_text(html)
     return out / "index.html"
+
+
+def rebuild(results_dir: Path, plots: bool = True) -> Path:
+    """Re-render a stored suite run's report from its results.json."""
+    data = json.loads((Path(results_dir) / "results.json").read_text())
+    return render(Path(results_dir), data["suite"], data["results"], data["wall_s"], plots)
 
 
 def _fmt(v, digits: int = 1) -> str:
@@ -60,28 +88,76 @@ def _fmt(v, digits: int = 1) -> str:
 
 _env = Environment(autoescape=select_autoescape(default=True))
 _env.filters["fmt"] = _fmt
+# Self-contained: inline CSS and script, plots as SVG files next to each scenario's history. It opens
+# from the file system with no network.
 _TEMPLATE = _env.from_string("""<!doctype html>
-<html><head><meta charset="utf-8"><title>ckpt-chaos: {{ suite }}</title>
+<html lang="en"><head><meta charset="utf-8"><title>ckpt-chaos: {{ suite }}</title>
 <style>
-body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; max-width: 1300px; }
 table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 4px 8px; vertical-align: top; }
-th { background: #f3f3f3; } .pass { background: #e5f5e0; } .fail { background: #fde0dd; }
-.skipped { background: #fff7bc; } td.num { text-align: right; } details { margin: 0; }
+th { background: #f3f3f3; cursor: pointer; user-select: none; } th:after { content: " \\2195"; color: #aaa; }
+.pass { background: #e5f5e0; } .fail { background: #fde0dd; } .skipped { background: #fff7bc; }
+td.num { text-align: right; } #banner { padding: 1em; font-size: 1.3em; margin-bottom: 1em; border-radius: 6px; }
+.family { display: inline-block; margin: 0 1em 0.5em 0; padding: 2px 8px; border-radius: 4px; }
+section.scenario { border-top: 2px solid #ddd; margin-top: 2em; padding-top: 0.5em; }
+section.scenario img { max-width: 100%; display: block; margin: 0.5em 0; }
+pre { background: #f6f6f6; padding: 0.5em; white-space: pre-wrap; } ul.failed li { color: #a50f15; }
+#filter { margin: 0.5em 0; padding: 4px; width: 30em; }
 </style></head><body>
-<h1>ckpt-chaos suite <code>{{ suite }}</code></h1>
-<p>{{ generated }} &middot; {{ rows|length }} scenarios &middot;
-{% for k, v in counts.items() %}{{ v }} {{ k }}{% if not loop.last %}, {% endif %}{% endfor %}
-&middot; wall time {{ wall_s|fmt }} s</p>
-<table><tr><th>scenario</th><th>verdict</th><th>faults</th><th>launches</th><th>steps lost</th>
-<th>detect (s)</th><th>recover (s)</th><th>save (s)</th><th>wall (s)</th><th>checks</th></tr>
-{% for r in rows %}<tr class="{{ r.verdict }}">
-<td><a href="{{ r.scenario }}/history.jsonl">{{ r.scenario }}</a></td><td>{{ r.verdict }}</td>
-<td>{{ r.families|join(' ') }}: {{ r.kinds|join(' ') }}</td><td class="num">{{ r.launches }}</td>
-<td class="num">{{ r.steps_lost if r.steps_lost is not none else '' }}</td>
+<h1>ckpt-chaos: suite <code>{{ suite }}</code></h1>
+<div id="banner" class="{{ 'fail' if counts.fail else ('skipped' if counts.skipped else 'pass') }}">
+{% if counts.fail %}{{ counts.fail }} of {{ rows|length }} scenarios FAILED{% elif counts.skipped %}{{ counts.skipped }}
+of {{ rows|length }} scenarios could not run here (skipped){% else %}all {{ rows|length }} scenarios passed{% endif %}
+&middot; {{ counts.pass }} passed, {{ counts.fail }} failed, {{ counts.skipped }} skipped &middot; {{ wall_s|fmt }} s
+&middot; {{ generated }}</div>
+<div id="families">{% for fam, c in families|dictsort %}<span class="family {{ 'fail' if c.fail else ('skipped' if c.skipped else 'pass') }}">
+{{ fam }}: {{ c.pass }} passed{% if c.fail %}, {{ c.fail }} failed{% endif %}{% if c.skipped %}, {{ c.skipped }} skipped{% endif %}</span>{% endfor %}</div>
+<input id="filter" placeholder="filter: a scenario name, verdict, fault kind or family" aria-label="filter">
+<table id="scenarios"><thead><tr><th>scenario</th><th>verdict</th><th>faults</th><th>resumed from</th>
+<th>launches</th><th>steps lost</th><th>detect (s)</th><th>recover (s)</th><th>save stall (s)</th><th>wall (s)</th></tr></thead><tbody>
+{% for r in rows %}<tr class="{{ r.verdict }}" data-text="{{ r.scenario }} {{ r.verdict }} {{ r.families|join(' ') }} {{ r.kinds|join(' ') }} {{ r.tags|join(' ') }}">
+<td><a href="#{{ r.scenario }}">{{ r.scenario }}</a></td><td>{{ r.verdict }}</td>
+<td>{{ r.families|join(' ') }}: {{ r.kinds|join(' ') }}</td>
+<td>{% for c in r.checks if c.name.startswith('resume') %}{% if loop.first %}{{ c.detail.split(' resumed from ')[1].split(',')[0] if ' resumed from ' in c.detail else '' }}{% endif %}{% endfor %}</td>
+<td class="num">{{ r.launches }}</td><td class="num">{{ r.steps_lost if r.steps_lost is not none else '' }}</td>
 <td class="num">{{ r.time_to_detect_s|fmt }}</td><td class="num">{{ r.time_to_recover_s|fmt }}</td>
-<td class="num">{{ r.save_s|fmt(3) }}</td><td class="num">{{ r.wall_s|fmt }}</td>
-<td>{% if r.reason %}<b>{{ r.reason }}</b>{% endif %}
+<td class="num">{{ r.save_s|fmt(3) }}</td><td class="num">{{ r.wall_s|fmt }}</td></tr>
+{% endfor %}</tbody></table>
+{% for r in rows %}<section class="scenario" id="{{ r.scenario }}">
+<h2 class="{{ r.verdict }}">{{ r.scenario }}: {{ r.verdict }}</h2>
+{% if r.reason %}<p><b>{{ r.reason }}</b></p>{% endif %}
+{% if r.failed %}<p>Diagnosis:</p><ul class="failed">{% for c in r.failed %}<li><b>{{ c.name }}</b>: {{ c.detail }}</li>{% endfor %}</ul>{% endif %}
+{% if r.plots.loss %}<img class="plot" src="{{ r.scenario }}/{{ r.plots.loss }}" alt="loss of {{ r.scenario }} against the golden run">{% endif %}
+{% if r.plots.timeline %}<img class="plot" src="{{ r.scenario }}/{{ r.plots.timeline }}" alt="timeline of {{ r.scenario }}">{% endif %}
+<p>Reproduce: <code>ckpt-chaos run {{ r.scenario }}</code>{% if r.has_dir %}, or exactly this run's copy:
+<code>ckpt-chaos run {{ r.scenario }}/scenario.toml</code>; re-check it: <code>ckpt-chaos check {{ r.scenario }}</code>
+(<a href="{{ r.scenario }}/history.jsonl">history</a>, <a href="{{ r.scenario }}/torchrun.log">log</a>){% endif %}</p>
 <details><summary>{{ r.checks|length }} checks</summary><ul>
-{% for c in r.checks %}<li class="{{ c.verdict }}">{{ c.name }}: {{ c.detail }}</li>{% endfor %}</ul></details></td>
-</tr>{% endfor %}</table></body></html>
+{% for c in r.checks %}<li class="{{ c.verdict }}">{{ c.name }}: {{ c.detail }}</li>{% endfor %}</ul></details>
+</section>{% endfor %}
+<script>
+// Sort by a column on click (numbers numerically); filter rows by the text box.
+document.querySelectorAll("#scenarios th").forEach((th, col) => th.addEventListener("click", () => {
+  const body = document.querySelector("#scenarios tbody");
+  const rows = Array.from(body.rows);
+  const dir = th.dataset.dir === "asc" ? -1 : 1;
+  th.dataset.dir = dir === 1 ? "asc" : "desc";
+  const key = r => { const t = r.cells[col].textContent.trim(); const n = parseFloat(t); return isNaN(n) ? t : n; };
+  rows.sort((a, b) => { const x = key(a), y = key(b);
+    return (typeof x === typeof y ? (x > y) - (x < y) : (typeof x === "number" ? -1 : 1)) * dir; });
+  rows.forEach(r => body.appendChild(r));
+}));
+// For tests and for readers: how many plots failed to load (a missing or broken SVG file).
+window.addEventListener("load", () => {
+  const imgs = Array.from(document.querySelectorAll("img.plot"));
+  document.body.dataset.plots = imgs.length;
+  document.body.dataset.brokenPlots = imgs.filter(i => !i.complete || i.naturalWidth === 0).length;
+});
+document.getElementById("filter").addEventListener("input", e => {
+  const q = e.target.value.toLowerCase();
+  document.querySelectorAll("#scenarios tbody tr").forEach(r => {
+    r.style.display = r.dataset.text.toLowerCase().includes(q) ? "" : "none"; });
+});
+</script>
+</body></html>
 """)
