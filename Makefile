@@ -52,6 +52,7 @@ bench: setup
 	$(PY) benchmarks/storage_stall.py --rounds 5
 	$(PY) benchmarks/backend_startup.py --rounds 5
 	$(PY) benchmarks/remote_upload.py --rounds 5
+	$(PY) benchmarks/checkpoint_overhead.py --rounds 3
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
