@@ -7,6 +7,7 @@ reads a file first, options override it.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 from dataclasses import fields
@@ -34,6 +35,9 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A native crash (SIGSEGV, SIGABRT in torch or gloo) then leaves every thread's Python stack in
+    # the log, so the post-mortem knows where the process was.
+    faulthandler.enable()
     try:
         cfg = config_from_args(argv)
         from .train import train  # imported late: config errors should not wait for torch
