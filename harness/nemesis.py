@@ -69,6 +69,17 @@ def _wait_gone(pids: list[int], timeout: float = 10.0) -> None:
     psutil.wait_procs(procs, timeout=timeout)
 
 
+def kill_local_node(job: Job, pids: list[int]) -> int:
+    """SIGKILL the local node: its launcher first, so nobody is left to react, then the ranks; returns
+    the launcher's pid once the ranks are gone."""
+    launcher = job.launcher_pids()[0]
+    _signal(launcher, signal.SIGKILL)
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
+    _wait_gone(pids)
+    return launcher
+
+
 @dataclass
 class ProcessNemesis:
     """SIGKILL, SIGTERM-then-SIGKILL, SIGSTOP and in-process exceptions for the current launch."""
@@ -103,8 +114,8 @@ class ProcessNemesis:
                 return None, record
             if fault.target.startswith("node:"):
                 # Node loss: the launcher dies with its workers, nobody is left to report it.
-                record["launcher_pid"] = self.job.launcher_pids()[0]
-                _signal(record["launcher_pid"], signal.SIGKILL)
+                record["launcher_pid"] = kill_local_node(self.job, list(pids.values()))
+                return None, record
             for pid in pids.values():
                 _signal(pid, signal.SIGKILL)
             _wait_gone(list(pids.values()))
@@ -345,10 +356,7 @@ class RemoteNemesis:
         if fault.kind == "lose_disk":
             # The node dies first (its launcher and every rank, the uploader with rank 0), then its disk.
             pids = list(self.pids.values())
-            _signal(self.job.launcher_pids()[0], signal.SIGKILL)
-            for pid in pids:
-                _signal(pid, signal.SIGKILL)
-            _wait_gone(pids)
+            kill_local_node(self.job, pids)
             self.job.kill()
             wiped = sorted(p.name for p in self.ckpt_dir.iterdir()) if self.ckpt_dir.is_dir() else []
             for p in self.ckpt_dir.iterdir() if self.ckpt_dir.is_dir() else []:

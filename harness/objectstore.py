@@ -26,8 +26,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .launcher import _term_when_parent_dies
+from .toxiproxy import connect, free_port
 
 ENV_ENDPOINT = "CKPT_CHAOS_S3_ENDPOINT"
 BUCKET = "ckpt-chaos"
@@ -36,10 +38,19 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "ckpt-chaos", "AWS_SECRET_ACCESS_KEY": "ckpt
                "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _wait_for_port(host: str, port: int, proc: subprocess.Popen | None, what: str, log: Path,
+                   timeout: float = 60.0) -> None:
+    """Until ``host:port`` accepts connections; fails at once if ``proc`` (the server) exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; its log: {log}")
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} at {host}:{port} did not answer within {timeout:.0f}s; its log: {log}")
 
 
 def _background() -> None:
@@ -75,33 +86,19 @@ class S3Server:
         if external:
             self.endpoint = external
         else:
-            port = _free_port()
+            port = free_port()
             self.endpoint = f"http://127.0.0.1:{port}"
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                              stdout=log, stderr=subprocess.STDOUT, preexec_fn=_background)
-        self._wait_ready()
+        _wait_for_port(*self.address, self.proc, "the S3 server (moto)", self.log_path)
         client = _client(self.endpoint)
         try:
             client.create_bucket(Bucket=self.bucket)
         except client.exceptions.BucketAlreadyOwnedByYou:
             pass
         return self
-
-    def _wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        host, port = self.endpoint.split("//", 1)[1].split(":")
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"the S3 server (moto) exited with {self.proc.returncode}; "
-                                   f"its log: {self.log_path}")
-            try:
-                with socket.create_connection((host, int(port.rstrip("/"))), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"the S3 endpoint {self.endpoint} did not answer within {timeout:.0f}s")
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -113,6 +110,12 @@ class S3Server:
 
     def url(self, prefix: str) -> str:
         return f"s3://{self.bucket}/{prefix}"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) of the endpoint, whatever the form of its URL (an external one may omit the port)."""
+        parts = urlsplit(self.endpoint)
+        return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def snapshot(endpoint: str, url: str) -> dict:
@@ -177,10 +180,8 @@ class RemoteTier:
         self.endpoint = self.s3.endpoint
         if self.use_proxy:
             try:
-                from . import toxiproxy
-
-                self.proxy_server = toxiproxy.connect()
-                host, port = self.s3.endpoint.split("//", 1)[1].rstrip("/").split(":")
+                self.proxy_server = connect()
+                host, port = self.s3.address
                 self.proxy_name = f"s3-{os.getpid()}-{self.prefix.replace('/', '-')}"
                 proxy = self._api().create(upstream=f"{host}:{port}", name=self.proxy_name, listen="127.0.0.1:0")
                 self.endpoint = f"http://{proxy.listen}"
@@ -194,32 +195,21 @@ class RemoteTier:
     def _route_store(self) -> None:
         """A c10d TCPStore hosted by the harness, which the job's torchrun and ranks reach only through
         the proxy (``link = "store"`` toxics)."""
-        port = _free_port()
+        port = free_port()
         code = ("import sys, time, torch.distributed as d; "
                 "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False); "
                 "print('ready', flush=True); time.sleep(1e9)")
-        with open(self.run_dir / "store.log", "ab") as log:
-            self.store_proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=log,
+        log = self.run_dir / "store.log"
+        with open(log, "ab") as out:
+            self.store_proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=out,
                                                stderr=subprocess.STDOUT, preexec_fn=_term_when_parent_dies)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if self.store_proc.poll() is not None:
-                    raise RuntimeError(f"the rendezvous store exited; its log: {self.run_dir / 'store.log'}")
-                time.sleep(0.1)
+        _wait_for_port("127.0.0.1", port, self.store_proc, "the rendezvous store", log)
         proxy = self._api().create(upstream=f"127.0.0.1:{port}", name=self.proxy_name + "-store",
                                    listen="127.0.0.1:0")
         self.store_endpoint = proxy.listen
 
     def _api(self):
-        from toxiproxy import Toxiproxy
-        from toxiproxy.api import APIConsumer
-
-        APIConsumer.host, APIConsumer.port = self.proxy_server.host, self.proxy_server.port
-        return Toxiproxy()
+        return self.proxy_server.client()
 
     def proxy_for(self, link: str) -> str:
         return self.proxy_name + ("-store" if link == "store" else "")

@@ -1261,7 +1261,8 @@ def _read_announcement(process: subprocess.Popen, timeout: float) -> str:
     raise RuntimeError(f"the toxiproxy server did not start (exit status {status}); see its stderr above")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for a child that must bind a known port)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -1282,7 +1283,7 @@ def start_toxiproxy_server(executable: str, timeout: float = 20.0) -> ToxiproxyS
     """Start the real Go server on a free port of 127.0.0.1 and wait until its API answers."""
     preexec = _term_when_parent_dies if threading.current_thread() is threading.main_thread() else None
     for _ in range(3):  # the free port can be taken before the server binds it
-        port = _free_port()
+        port = free_port()
         process = subprocess.Popen([executable, "-host", "127.0.0.1", "-port", str(port)], stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec)
         server = ToxiproxyServer("127.0.0.1", port, process=process, kind="toxiproxy-server")
