@@ -40,6 +40,7 @@ class Report:
     steps_lost: int | None = None
     time_to_detect_s: float | None = None
     time_to_recover_s: float | None = None
+    resumed_from: list[str] = field(default_factory=list)  # per relaunch: the checkpoint it loaded, or "scratch"
 
     @property
     def verdict(self) -> str:
@@ -293,6 +294,7 @@ def _resume_choice(run: Run, report: Report) -> None:
         if point is None:
             continue
         name, _ = point
+        report.resumed_from.append(name or "scratch")
         if first and run.s.expect.resume_from is not None:
             ok = name == run.s.expect.resume_from
             report.add("resume_from", ok, f"launch {launch} resumed from {name or 'scratch'}"

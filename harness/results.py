@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from jinja2 import Environment, select_autoescape
+from jinja2 import Environment, Undefined, select_autoescape
 
 COLUMNS = ["scenario", "verdict", "families", "kinds", "launches", "steps_lost", "time_to_detect_s",
-           "time_to_recover_s", "save_s", "wall_s", "reason"]
+           "time_to_recover_s", "save_s", "save_stall_s", "resumed_from", "wall_s", "reason"]
 
 
 def suite_dir(reports_root: Path, suite: str) -> Path:
@@ -37,7 +37,7 @@ def table(results: list[dict]) -> pd.DataFrame:
     for col in COLUMNS:
         if col not in df:
             df[col] = None
-    for col in ("families", "kinds"):
+    for col in ("families", "kinds", "resumed_from"):
         df[col] = df[col].map(lambda v: " ".join(v) if isinstance(v, list) else v)
     return df[COLUMNS]
 
@@ -83,7 +83,7 @@ def rebuild(results_dir: Path, plots: bool = True) -> Path:
 
 
 def _fmt(v, digits: int = 1) -> str:
-    return "" if v is None or v != v else f"{v:.{digits}f}"
+    return "" if v is None or isinstance(v, Undefined) or v != v else f"{v:.{digits}f}"
 
 
 _env = Environment(autoescape=select_autoescape(default=True))
@@ -118,10 +118,10 @@ of {{ rows|length }} scenarios could not run here (skipped){% else %}all {{ rows
 {% for r in rows %}<tr class="{{ r.verdict }}" data-text="{{ r.scenario }} {{ r.verdict }} {{ r.families|join(' ') }} {{ r.kinds|join(' ') }} {{ r.tags|join(' ') }}">
 <td><a href="#{{ r.scenario }}">{{ r.scenario }}</a></td><td>{{ r.verdict }}</td>
 <td>{{ r.families|join(' ') }}: {{ r.kinds|join(' ') }}</td>
-<td>{% for c in r.checks if c.name.startswith('resume') %}{% if loop.first %}{{ c.detail.split(' resumed from ')[1].split(',')[0] if ' resumed from ' in c.detail else '' }}{% endif %}{% endfor %}</td>
+<td>{{ (r.resumed_from or [])|join(', ') }}</td>
 <td class="num">{{ r.launches }}</td><td class="num">{{ r.steps_lost if r.steps_lost is not none else '' }}</td>
 <td class="num">{{ r.time_to_detect_s|fmt }}</td><td class="num">{{ r.time_to_recover_s|fmt }}</td>
-<td class="num">{{ r.save_s|fmt(3) }}</td><td class="num">{{ r.wall_s|fmt }}</td></tr>
+<td class="num">{{ r.save_stall_s|fmt(3) }}</td><td class="num">{{ r.wall_s|fmt }}</td></tr>
 {% endfor %}</tbody></table>
 {% for r in rows %}<section class="scenario" id="{{ r.scenario }}">
 <h2 class="{{ r.verdict }}">{{ r.scenario }}: {{ r.verdict }}</h2>

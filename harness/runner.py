@@ -60,6 +60,8 @@ class Result:
     time_to_detect_s: float | None = None
     time_to_recover_s: float | None = None
     save_s: float | None = None  # median wall time of a checkpoint save in the chaos run
+    save_stall_s: float | None = None  # median time training waited for a save (less than save_s when async)
+    resumed_from: list[str] = field(default_factory=list)  # per relaunch: the checkpoint it loaded, or "scratch"
     wall_s: float = 0.0
     run_dir: str = ""
 
@@ -403,9 +405,13 @@ def _cluster_for(s: Scenario, run_dir: Path):
 def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] = ()) -> Result:
     """Run the checkers over a stored run (also used by ``ckpt-chaos check`` to re-check later)."""
     report = checker.check_run(s, Path(run_dir), Path(golden), list(harness_errors))
-    saves = [e["total_s"] for e in trainer_events(run_dir, "saved") if e.get("total_s") is not None]
+    events = trainer_events(run_dir, "saved")
+    saves = [e["total_s"] for e in events if e.get("total_s") is not None]
+    stalls = [e["stall_s"] for e in events if e.get("stall_s") is not None]
     return Result(scenario=s.name, verdict=report.verdict, reason=report.reason, families=s.families,
                   kinds=s.kinds, tags=s.tags, checks=[asdict(c) for c in report.checks],
                   launches=report.launches, steps_lost=report.steps_lost,
                   time_to_detect_s=report.time_to_detect_s, time_to_recover_s=report.time_to_recover_s,
-                  save_s=statistics.median(saves) if saves else None, run_dir=str(run_dir))
+                  save_s=statistics.median(saves) if saves else None,
+                  save_stall_s=statistics.median(stalls) if stalls else None, resumed_from=report.resumed_from,
+                  run_dir=str(run_dir))

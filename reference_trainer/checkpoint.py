@@ -176,13 +176,14 @@ class CheckpointManager:
 
     def save(self, ts: TrainState, reason: str, loss: float | None = None, blocking: bool | None = None) -> bool:
         """Save the current position (collective). Returns False if the save failed."""
+        # The stall is everything training waits for: a previous async save, the digests, staging.
+        started = time.perf_counter()
         self.wait()  # never two saves in flight
         p = ts.progress
         name = checkpoint_name(p.step, p.micro)
         use_async = self.cfg.async_save if blocking is None else not blocking
         digests = component_digests(ts) if self.cfg.record_digests else None
         probe.point("ckpt.stage", name=name, step=p.step, micro=p.micro, reason=reason, asynchronous=use_async)
-        started = time.perf_counter()
         tmp = self.root / (TMP_PREFIX + name)
         writer = ProbedWriter(tmp) if probe.active() else FileSystemWriter(tmp)
         state = checkpoint_state(ts)
