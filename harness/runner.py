@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import sys
@@ -31,7 +32,7 @@ from filelock import FileLock
 from . import checker
 from .controller import ProbeServer
 from .generator import Generator, launch_of
-from .history import History, final_state, snapshot_checkpoints, trainer_events
+from .history import History, final_state, read_history, snapshot_checkpoints, trainer_events
 from .launcher import REPO_ROOT, Job, launch
 from . import cluster as cluster_module
 from .cluster import Cluster
@@ -344,8 +345,46 @@ class ChaosRun:
         return bool(trainer_events(self.run_dir, "finished"))
 
 
+# How torchrun and faulthandler report a worker killed by a signal of its own making; the nemesis
+# sends SIGKILL, SIGTERM and SIGSTOP only, so these are never an injected fault.
+_NATIVE_CRASH = re.compile(r"Signal \d+ \((SIGSEGV|SIGABRT|SIGBUS|SIGILL|SIGFPE)\)|Fatal Python error")
+
+
+def native_crash_before_any_fault(run_dir: Path) -> str | None:
+    """The crash line, if a rank died of a native crash (torch, gloo, the C++ runtime) before any fault
+    fired: the run then says nothing about fault handling, and the scenario is run once more."""
+    if any(e["source"] == "harness" and e["kind"] == "fault" for e in read_history(run_dir)):
+        return None
+    log = run_dir / "torchrun.log"
+    found = _NATIVE_CRASH.findall(log.read_text(errors="replace")) if log.exists() else []
+    return next((f"{sig} in a rank" for sig in found if sig), "Fatal Python error" if found else None)
+
+
 def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN_DIR) -> Result:
-    """Run one scenario end to end and return its row; never raises for a failed scenario."""
+    """Run one scenario end to end and return its row; never raises for a failed scenario.
+
+    A run whose trainer crashed natively before any fault fired (about one launch in several hundred
+    here: a SIGSEGV inside torch/gloo) is kept as ``NAME.crashed`` and run once more, loudly; the
+    result carries a ``retried_after_native_crash`` check naming the crash. A second crash fails."""
+    result = _run_scenario_once(s, out_root, golden_root)
+    crash = native_crash_before_any_fault(Path(result.run_dir)) if result.verdict == "fail" and result.run_dir else None
+    if crash is None:
+        return result
+    kept = Path(result.run_dir).with_name(f"{s.name}.crashed")
+    if kept.exists():
+        shutil.rmtree(kept)
+    Path(result.run_dir).rename(kept)
+    print(f"ckpt-chaos: WARNING: {s.name}: the trainer crashed on its own before any fault fired ({crash}); "
+          f"running the scenario once more; the crashed run: {kept}", file=sys.stderr, flush=True)
+    again = _run_scenario_once(s, out_root, golden_root)
+    again.checks.insert(0, {"name": "retried_after_native_crash", "verdict": "pass",
+                            "detail": f"the first run crashed before any fault fired ({crash}); kept in {kept}"})
+    again.wall_s += result.wall_s
+    (Path(again.run_dir) / "result.json").write_text(json.dumps(again.to_dict(), indent=1))
+    return again
+
+
+def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path) -> Result:
     started = time.monotonic()
     base = Result(scenario=s.name, verdict="skipped", families=s.families, kinds=s.kinds, tags=s.tags)
     why = requirements(s)

@@ -81,3 +81,20 @@ def test_loader_state_of_dropped_ranks_discarded_is_caught_and_named(tmp_path, g
     assert "trained on different samples" in bad["trajectory"]
     assert "its batch is the golden run's step 3" in bad["trajectory"]
     assert "the data loader resumed 2 step(s) too early and 2 step(s) of samples are seen twice" in bad["trajectory"]
+
+
+@pytest.mark.parametrize("crashes", [1, 2])
+def test_a_native_crash_before_any_fault_is_run_again_once_and_said(tmp_path, golden_root, monkeypatch, crashes):
+    # Rank 0 SIGSEGVs at its first save, before the scenario's kill (at the second save) can fire.
+    monkeypatch.setenv("CKPT_CHAOS_TEST_CRASH_COUNTER", str(tmp_path / "crashes"))
+    monkeypatch.setenv("CKPT_CHAOS_TEST_CRASHES", str(crashes))
+    r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml", "tests.planted.crashes_natively")
+    assert (tmp_path / "kill-rank1-mid-shard-write.crashed" / "torchrun.log").is_file()
+    assert (tmp_path / "crashes").read_text() == str(crashes)
+    if crashes == 1:  # the second run is clean: it passes, and says it is a second run
+        assert r.verdict == "pass", r.reason
+        assert r.checks[0]["name"] == "retried_after_native_crash"
+        assert "SIGSEGV in a rank" in r.checks[0]["detail"]
+    else:  # crashing again is a failure, not a third try
+        assert r.verdict == "fail"
+        assert r.checks[0]["name"] == "retried_after_native_crash"
