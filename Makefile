@@ -46,6 +46,8 @@ test: setup
 # CHAOS_FLAGS=--strict (CI): a scenario this machine cannot run fails the suite instead of skipping.
 chaos: setup
 	$(VENV)/bin/ckpt-chaos run --suite default $(CHAOS_FLAGS)
+	@if command -v chromium >/dev/null; then $(VENV)/bin/ckpt-chaos report reports/default/latest --no-plots --browser; \
+	else echo "WARNING: no chromium here: the report was not checked in a browser (make setup installs it as root)" >&2; fi
 
 # Benchmarks: apart from the tests, several rounds, medians and ratios; figures kept in benchmarks/results.
 bench: setup
@@ -53,6 +55,8 @@ bench: setup
 	$(PY) benchmarks/backend_startup.py --rounds 5
 	$(PY) benchmarks/remote_upload.py --rounds 5
 	$(PY) benchmarks/checkpoint_overhead.py --rounds 3
+	$(PY) benchmarks/soak_goodput.py --rounds 3
+	$(PY) benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -148,8 +148,22 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     from . import results
 
-    print(f"report: {results.rebuild(root, plots=not args.no_plots)}")
-    return 0
+    html = results.rebuild(root, plots=not args.no_plots)
+    print(f"report: {html}")
+    if not args.browser:
+        return 0
+    try:
+        view = results.view_in_browser(html, screenshot=root / "report.png")
+    except FileNotFoundError as e:
+        print(f"ckpt-chaos report: cannot check the report in a browser: {e}", file=sys.stderr)
+        return 2
+    problems = view.problems(expected_plots=results.expected_plots(root))
+    print(f"in headless Chromium: {view.sections} scenarios, {view.plots} plots loaded"
+          f"{'' if view.broken_plots == 0 else f', {view.broken_plots} broken'}, {len(view.script_errors)} script "
+          f"errors; screenshot {view.screenshot}")
+    for p in problems:
+        print(f"ckpt-chaos report: {p}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def cmd_cadence(args: argparse.Namespace) -> int:
@@ -227,6 +241,9 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("report", help="rebuild the HTML report of a stored suite run")
     c.add_argument("results", help="a suite run directory, e.g. reports/default/latest")
     c.add_argument("--no-plots", action="store_true", help="keep the plots already drawn")
+    c.add_argument("--browser", action="store_true",
+                   help="open it in headless Chromium and fail on a script error, a plot that does not load or "
+                        "a scenario missing (writes report.png next to it)")
     c.set_defaults(func=cmd_report)
 
     c = sub.add_parser("cadence", help="goodput against checkpoint interval for your save cost and MTBF (no training)")

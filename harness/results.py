@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -80,6 +84,61 @@ def rebuild(results_dir: Path, plots: bool = True) -> Path:
     """Re-render a stored suite run's report from its results.json."""
     data = json.loads((Path(results_dir) / "results.json").read_text())
     return render(Path(results_dir), data["suite"], data["results"], data["wall_s"], plots)
+
+
+@dataclass
+class BrowserView:
+    """What a real browser made of a report: counts read from the rendered DOM, and script errors."""
+
+    sections: int  # scenario sections
+    rows: int  # rows of the scenario table
+    plots: int  # plot images on the page
+    broken_plots: int  # of which failed to load
+    script_errors: list[str]
+    screenshot: Path | None
+
+    def problems(self, expected_plots: int | None = None) -> list[str]:
+        out = [f"script error: {e}" for e in self.script_errors]
+        if self.broken_plots:
+            out.append(f"{self.broken_plots} of {self.plots} plots did not load")
+        if self.sections != self.rows:
+            out.append(f"{self.rows} table rows but {self.sections} scenario sections")
+        if expected_plots is not None and self.plots != expected_plots:
+            out.append(f"{self.plots} plots on the page, {expected_plots} expected")
+        return out
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def view_in_browser(html: Path, screenshot: Path | None = None, timeout: float = 180) -> BrowserView:
+    """Open the report in headless Chromium (Debian's ``chromium``) as a reader would, from the file
+    system; raises FileNotFoundError when there is no Chromium here."""
+    browser = chromium()
+    if browser is None:
+        raise FileNotFoundError("no chromium here: `make setup` installs Debian's chromium (as root)")
+    base = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+            "--window-size=1300,1800", "--virtual-time-budget=10000"]
+    if screenshot is not None:
+        Path(screenshot).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(base + [f"--screenshot={screenshot}", Path(html).resolve().as_uri()], capture_output=True,
+                       timeout=timeout)
+    dom = subprocess.run(base + ["--dump-dom", Path(html).resolve().as_uri()], capture_output=True, text=True,
+                         timeout=timeout)
+    body = re.search(r"<body([^>]*)>", dom.stdout)
+    attrs = dict(re.findall(r'data-([\w-]+)="(\d+)"', body.group(1))) if body else {}
+    return BrowserView(sections=dom.stdout.count('<section class="scenario"'), rows=dom.stdout.count("<tr class="),
+                       plots=int(attrs.get("plots", -1)), broken_plots=int(attrs.get("broken-plots", -1)),
+                       script_errors=[line for line in dom.stderr.splitlines() if "CONSOLE" in line and "Uncaught" in line],
+                       screenshot=Path(screenshot) if screenshot and Path(screenshot).is_file() else None)
+
+
+def expected_plots(results_dir: Path) -> int:
+    """Plots the report of a stored suite run should show: those drawn next to each scenario's history."""
+    data = json.loads((Path(results_dir) / "results.json").read_text())
+    return sum(1 for r in data["results"] for f in ("loss.svg", "timeline.svg")
+               if (Path(results_dir) / r["scenario"] / f).is_file())
 
 
 def _fmt(v, digits: int = 1) -> str:

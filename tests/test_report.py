@@ -19,7 +19,6 @@ from harness.launcher import REPO_ROOT
 from harness.runner import Result, run_scenario
 from harness.scenario import load
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTEFACTS = REPO_ROOT / "reports" / "artefacts"
 
 
@@ -43,6 +42,8 @@ def test_the_report_shows_each_scenario_with_its_plots_and_diagnosis(suite_run):
     out, html, ran = suite_run
     text = html.read_text()
     assert ran.verdict == "pass"
+    assert ran.resumed_from == ["step_00000004"] and ran.save_stall_s > 0  # from the run's events, not its text
+    assert "<td>step_00000004</td>" in text
     assert "1 of 3 scenarios FAILED" in text
     for name in ("kill-rank1-mid-shard-write", "needs-what-is-missing", "a-failed-one"):
         assert f'id="{name}"' in text
@@ -72,19 +73,39 @@ def test_report_rebuilds_from_stored_results(suite_run):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (make setup installs Debian's chromium as root)")
+@pytest.mark.skipif(results.chromium() is None, reason="no chromium here (make setup installs Debian's chromium as root)")
 def test_the_report_renders_in_headless_chromium_without_script_errors(suite_run):
     out, html, _ = suite_run
-    ARTEFACTS.mkdir(parents=True, exist_ok=True)
-    shot = ARTEFACTS / "report.png"
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
-            "--window-size=1300,1800", "--virtual-time-budget=10000"]
-    p = subprocess.run(base + [f"--screenshot={shot}", html.as_uri()], capture_output=True, text=True, timeout=120)
-    assert shot.is_file() and shot.stat().st_size > 10_000, p.stderr[-2000:]
-    dom = subprocess.run(base + ["--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
-    errors = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and "Uncaught" in line]
-    assert not errors, errors
-    assert dom.stdout.count('<section class="scenario"') == 3
-    assert dom.stdout.count("<tr class=") == 3
-    assert 'id="filter"' in dom.stdout
-    assert 'data-plots="2"' in dom.stdout and 'data-broken-plots="0"' in dom.stdout  # both SVGs loaded
+    view = results.view_in_browser(html, screenshot=ARTEFACTS / "report.png")
+    assert view.screenshot is not None and view.screenshot.stat().st_size > 10_000
+    assert not view.script_errors, view.script_errors
+    assert view.sections == 3 and view.rows == 3
+    assert view.plots == 2 and view.broken_plots == 0  # both SVGs loaded
+    assert view.problems(expected_plots=results.expected_plots(out)) == []
+    assert 'id="filter"' in html.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(results.chromium() is None, reason="no chromium here (make setup installs Debian's chromium as root)")
+def test_a_plot_that_does_not_load_is_reported_by_the_browser_check(suite_run, tmp_path):
+    out, html, _ = suite_run
+    broken = tmp_path / "suite"
+    shutil.copytree(out, broken, symlinks=True)
+    (broken / "kill-rank1-mid-shard-write" / "loss.svg").write_text("not an svg")
+    p = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(broken), "--no-plots", "--browser"],
+                       capture_output=True, text=True, cwd=REPO_ROOT)
+    assert p.returncode == 1 and "1 of 2 plots did not load" in p.stderr, p.stdout + p.stderr
+
+def test_the_benchmark_report_shows_the_soak_against_the_model(tmp_path):
+    """benchmarks/report.py over the committed figures: the soak's measured goodput beside the
+    model's, the cadence advice for the measured costs, every plot inline (no training is run)."""
+    if not (REPO_ROOT / "benchmarks" / "results" / "soak_goodput.json").exists():
+        pytest.fail("benchmarks/results/soak_goodput.json is missing: run `make bench` and commit its figures")
+    p = subprocess.run([sys.executable, "benchmarks/report.py", "--out", str(tmp_path)], capture_output=True,
+                       text=True, cwd=REPO_ROOT)
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "index.html").read_text()
+    for heading in ("Goodput under failures: measured against the model", "Cadence for these costs",
+                    "Why measured and predicted differ", "Monte Carlo 5-95 %"):
+        assert heading in text
+    assert text.count("<svg") >= 2 and "src=" not in text  # plots inline: the page is one file
