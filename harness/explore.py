@@ -1,0 +1,558 @@
+"""Fault-schedule search: random schedules of faults, run against the real trainer, shrunk to the
+smallest schedule that still fails, written out as a scenario file that ``ckpt-chaos run`` replays.
+
+Hand-written scenarios test the failures someone thought of. The search composes them: a
+hypothesis rule-based state machine (``FaultSchedule``) whose rules each add one fault to a
+schedule (kill, term, stop, raise; errno, disk_full, slow, power_loss, corrupt) or let training
+go on. The schedule is a story told in order: a *cursor* (launch, step) says where the story
+is, each fault lands at or after it, and a fault that ends the launch (kill, stop, raise, term,
+power loss) moves the story to the next launch, where the recovery points (``train.start``,
+``load.begin``, ``load.end``) become reachable. Triggers count events (a step number, the
+checkpoint's name, a rank, a fraction of a shard), never time, so a schedule replays exactly.
+
+Each example is one real run (``runner.run_scenario``: torchrun, the probe, the nemesis, the
+relaunches), made once, in ``teardown``, after the rules have built the schedule; the harness's
+checkers are the invariant. A failed check raises, and hypothesis shrinks the schedule.
+
+Swarm testing comes with hypothesis's stateful testing: ``RuleStrategy`` draws a shared
+``FeatureFlags`` per example (``st.shared(FeatureStrategy(at_least_one_of=rule_names))``, see
+hypothesis/stateful.py) and only draws rules it enables, with a per-example probability of
+disabling each. One rule is one fault kind here, so every example runs a random subset of the
+kinds (some examples are all kills, some all storage faults), and the flags "shrink open":
+while shrinking, the steps of kinds that do not matter are deleted.
+
+What is a finding, and what is not:
+
+* the identity of a failure is its first failed check, without launch or fault numbers
+  (``trajectory``, ``latest_valid``, ``fault_surfaced``...). Each identity raises its own
+  exception type, so hypothesis shrinks a failure to a smaller schedule that fails *the same
+  way*, never to a different bug;
+* ``fault_N_fired`` failing only says that the story did not happen as planned (a kill in a
+  launch that a storage fault already ended, a load in a launch with nothing to load): not the
+  trainer's fault, and never a finding on its own;
+* the expectations of a generated schedule are derived so that a correct trainer passes every
+  one (``expected()``): no ``resume_from``, a lost-work bound of one checkpoint interval unless
+  a storage fault may fail saves (then none), ``job_fails`` inferred by the checker, a spare
+  relaunch. ``tests/test_explore.py`` and ``benchmarks/explore_planted.py`` hold the reference
+  trainer to that (no finding in the same budget that finds the planted bugs).
+
+Budget: hypothesis has no clock, so the search keeps one. No new schedule is run after
+``budget_s`` (later examples pass without running, and hypothesis runs out of them in
+milliseconds); a failure then gets at most ``shrink_s`` of shrinking, every run of it real
+except repeats, which are answered from a cache of verdicts keyed by the scenario's TOML (exact,
+because the same schedule fails the same way). After the shrink the scenario is written to a
+file, loaded back and run once more: a failure that does not fail the same way again is
+reported as "did not reproduce", never as a finding. Then the search goes on (a new round,
+failures of a known identity no longer interesting) until the budget is spent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, Verbosity, seed as hypothesis_seed, settings, strategies as st
+from hypothesis.control import current_build_context
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+
+from .launcher import REPO_ROOT
+from .scenario import Expect, Fault, Recovery, Scenario, Storage, Trigger, load, validate
+
+# A small job: 2 ranks, 8 steps, a checkpoint every 2 steps (4 saves); a launch takes 10-15 s on this
+# 2-core machine, most of it torchrun, imports and process groups.
+WORLD_SIZE = 2
+TRAINER = {"max_steps": 8, "ckpt_every_steps": 2, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
+           "collective_timeout_s": 15}
+MAX_LAUNCHES = 2  # launch-ending faults per schedule: a relaunch costs 10-15 s here, a hang ~45 s
+# The fault kinds the search composes, by family. node/network (docker, netns) and remote (moto,
+# toxiproxy) cost seconds to minutes of set-up per run; they stay out of the search for now.
+KINDS: dict[str, tuple[str, ...]] = {
+    "process": ("kill", "term", "stop", "raise"),
+    "storage": ("errno", "disk_full", "slow", "power_loss", "corrupt"),
+}
+DEFAULT_FAMILIES = ("process", "storage")
+ENDS_LAUNCH = ("kill", "term", "stop", "raise", "power_loss", "corrupt")  # corrupt comes with a kill
+# Storage faults that may fail saves: the work lost to a crash is then not bounded by one interval.
+FAILS_SAVES = ("errno", "disk_full", "corrupt")
+DEFAULT_DB = REPO_ROOT / ".hypothesis" / "explore"
+REGRESSIONS = REPO_ROOT / "scenarios" / "regressions"
+
+STEP_POINTS = ("step.begin", "microstep.end", "step.end")
+SAVE_POINTS = ("ckpt.stage", "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata", "ckpt.fsync",
+               "ckpt.manifest", "ckpt.commit", "ckpt.latest", "ckpt.retention")
+RANK0_POINTS = ("ckpt.metadata", "ckpt.fsync", "ckpt.manifest", "ckpt.commit", "ckpt.latest", "ckpt.retention")
+RECOVERY_POINTS = ("train.start", "load.begin", "load.end")
+# errno sites the reference trainer's save goes through (call, path glob, target, trigger point),
+# the ones the storage catalogue exercises; {r} is the rank whose shard it is.
+ERRNO_SITES = (
+    ("write", ".tmp-*/__{r}_0.distcp", "rank:{r}", "ckpt.stage"),
+    ("fsync", ".tmp-*/__{r}_0.distcp", "rank:{r}", "ckpt.stage"),
+    ("open", ".tmp-*/.metadata*", "all", "ckpt.shard.done"),
+    ("rename", ".tmp-step_*", "rank:0", "ckpt.manifest"),
+    ("open", "latest.tmp", "rank:0", "ckpt.commit"),
+)
+
+# Checks that say the schedule did not happen as planned, not that the trainer is wrong.
+NOT_FINDINGS = re.compile(r"^fault_\d+_fired$")
+
+
+def normalize(check: str) -> str:
+    """``committed_survives@0`` -> ``committed_survives``; ``fault_2_surfaced`` -> ``fault_surfaced``."""
+    return re.sub(r"^fault_\d+_", "fault_", check.split("@", 1)[0])
+
+
+def identity(checks: list[dict]) -> str | None:
+    """How a run failed: its first failed check that is a finding, normalized; None if none is."""
+    for c in checks:
+        if c["verdict"] == "fail" and not NOT_FINDINGS.match(c["name"]):
+            return normalize(c["name"])
+    return None
+
+
+class ScheduleFailed(AssertionError):
+    """A generated schedule failed a check. Subclassed per identity (``failure_type``)."""
+
+
+_FAILURE_TYPES: dict[str, type[ScheduleFailed]] = {}
+
+
+def failure_type(ident: str) -> type[ScheduleFailed]:
+    # hypothesis tells failures apart by exception type and origin: one type per identity keeps a
+    # shrink on the same bug.
+    if ident not in _FAILURE_TYPES:
+        name = "Failed_" + re.sub(r"\W", "_", ident)
+        _FAILURE_TYPES[ident] = type(name, (ScheduleFailed,), {"__module__": __name__})
+    return _FAILURE_TYPES[ident]
+
+
+def expected(faults: list[Fault]) -> Expect:
+    """What a correct trainer guarantees under any of these schedules (module docstring)."""
+    interval = TRAINER["ckpt_every_steps"]
+    lost = TRAINER["max_steps"] if any(f.kind in FAILS_SAVES for f in faults) else interval
+    return Expect(trajectory="bit-exact", max_lost_steps=lost, deadline_s=300.0)
+
+
+def build(faults: list[Fault], trainer_module: str, name: str | None = None, description: str = "",
+          suites: tuple[str, ...] = ("explore",)) -> Scenario:
+    """The scenario of a schedule; its name is a hash of its content, so a schedule has one name."""
+    launches = max((f.attempt for f in faults), default=0) + 1
+    s = Scenario(name="explore", faults=list(faults), description=description, tags=["explore"],
+                 suites=list(suites), world_size=WORLD_SIZE, trainer_module=trainer_module, trainer=dict(TRAINER),
+                 storage=Storage(fs="tmpfs", size_mb=16) if any(f.kind == "disk_full" for f in faults) else Storage(),
+                 # one spare relaunch: a storage fault may end a launch the story meant to go on
+                 recovery=Recovery(relaunch="harness", max_restarts=launches),
+                 expect=expected(faults))
+    if name is None:
+        digest = hashlib.sha256(s.to_toml().encode()).hexdigest()[:10]
+        name = f"explore-{digest}"
+    s.name = name
+    validate(s)
+    return s
+
+
+class FaultSchedule(RuleBasedStateMachine):
+    """A schedule of faults against the search's trainer, run once in ``teardown``."""
+
+    def __init__(self, search: "Search"):
+        super().__init__()
+        self.search = search
+        self.kinds = search.kinds
+        self.faults: list[Fault] = []
+        self.launch = 0
+        self.step = 1  # the first step a new fault of this launch may target
+        self.fresh = False  # a relaunch that has trained nothing yet: recovery points come first
+
+    # -- the story's cursor -------------------------------------------------------------------
+
+    def _can(self, kind: str) -> bool:
+        if kind not in self.kinds:
+            return False
+        if kind in ENDS_LAUNCH and self.launch >= MAX_LAUNCHES:
+            return False
+        return self.fresh or self.step <= TRAINER["max_steps"]
+
+    def _at(self, place: str, rank: int, delay: int) -> Trigger:
+        """A trigger at or after the cursor: ``place`` is a point, or "save:<point>"/"step:<point>"."""
+        max_steps, every = TRAINER["max_steps"], TRAINER["ckpt_every_steps"]
+        if place in RECOVERY_POINTS:
+            if self.fresh:
+                return Trigger(point=place, rank=rank)
+            place = "step.begin"  # nothing to recover from in this launch: the nearest training point
+        self.fresh = False
+        step = min(self.step + delay, max_steps)
+        if place in SAVE_POINTS:
+            save = -(-step // every) * every  # the first save at or after that step
+            if save <= max_steps:
+                rank = 0 if place in RANK0_POINTS else rank
+                return Trigger(point=place, rank=rank, name=f"step_{save:08d}",
+                               min_fraction=0.5 if place == "ckpt.shard.write" else None)
+            place = "step.end"
+        return Trigger(point=place, rank=rank, step=step)
+
+    def _add(self, fault: Fault) -> None:
+        fault.attempt = self.launch
+        self.faults.append(fault)
+        if fault.kind in ENDS_LAUNCH:
+            # The next launch resumes at or before the step this one reached, so every later step
+            # is certain to come again; recovery points come first.
+            reached = fault.when.step or _save_step(fault.when) or self.step
+            self.launch += 1
+            self.step = max(self.step, reached + 1)
+            self.fresh = True
+        elif fault.when.step is not None:
+            self.step = max(self.step, fault.when.step)
+
+    # -- rules: training progress -----------------------------------------------------------
+
+    @rule(steps=st.integers(1, 3))
+    def train_on(self, steps):
+        """Training goes on for a few steps before the next fault (always possible: past the last
+        step it only means the job runs to its end, and hypothesis needs one rule that can run)."""
+        self.step = min(self.step + steps, TRAINER["max_steps"] + 1)
+        self.fresh = False
+
+    # -- rules: process faults -------------------------------------------------------------
+
+    @precondition(lambda self: self._can("kill"))
+    @rule(place=st.sampled_from(STEP_POINTS + SAVE_POINTS + RECOVERY_POINTS), rank=st.integers(0, WORLD_SIZE - 1),
+          delay=st.integers(0, 3), whom=st.sampled_from(("triggering", "all", "other")))
+    def kill(self, place, rank, delay, whom):
+        when = self._at(place, rank, delay)
+        target = {"triggering": "triggering", "all": "all"}.get(whom, f"rank:{1 - when.rank}")
+        self._add(Fault(kind="kill", when=when, target=target))
+
+    @precondition(lambda self: self._can("term") and self.step < TRAINER["max_steps"])
+    @rule(place=st.sampled_from(STEP_POINTS + SAVE_POINTS), rank=st.integers(0, WORLD_SIZE - 1),
+          delay=st.integers(0, 3), whom=st.sampled_from(("all", "triggering")))
+    def term(self, place, rank, delay, whom):
+        # A preemption needs a micro-batch boundary after it to stop at: never in the last step.
+        when = self._at(place, rank, delay)
+        if (when.step or _save_step(when) or 0) >= TRAINER["max_steps"]:
+            when = Trigger(point="step.begin", rank=rank, step=min(self.step, TRAINER["max_steps"] - 1))
+        self._add(Fault(kind="term", when=when, target="ranks:0,1" if whom == "all" else "triggering", grace_s=30.0))
+
+    @precondition(lambda self: self._can("stop"))
+    @rule(place=st.sampled_from(STEP_POINTS + SAVE_POINTS), rank=st.integers(0, WORLD_SIZE - 1),
+          delay=st.integers(0, 3))
+    def stop(self, place, rank, delay):
+        self._add(Fault(kind="stop", when=self._at(place, rank, delay), target="triggering"))
+
+    @precondition(lambda self: self._can("raise"))
+    @rule(place=st.sampled_from(STEP_POINTS), rank=st.integers(0, WORLD_SIZE - 1), delay=st.integers(0, 3),
+          error=st.sampled_from(("oom", "runtime")))
+    def raise_(self, place, rank, delay, error):
+        # Raised in the training loop (an exception inside a save is a failed save that the
+        # trainer survives by policy, which would need job_fails = false on that schedule).
+        self._add(Fault(kind="raise", when=self._at(place, rank, delay), error=error))
+
+    # -- rules: storage faults -------------------------------------------------------------
+
+    @precondition(lambda self: self._can("errno"))
+    @rule(site=st.sampled_from(ERRNO_SITES), err=st.sampled_from(("EIO", "ENOSPC")),
+          rank=st.integers(0, WORLD_SIZE - 1), delay=st.integers(0, 3), nth_call=st.integers(1, 4))
+    def errno(self, site, err, rank, delay, nth_call):
+        call, path, target, point = site
+        when = self._at(point, rank, delay)
+        if when.point != point:  # no save left in this launch
+            return
+        r = when.rank
+        self._add(Fault(kind="errno", when=when, call=call, errno=err, path=path.format(r=r),
+                        target=target.format(r=r), nth_call=nth_call if call == "write" else 1))
+
+    @precondition(lambda self: self._can("disk_full"))
+    @rule(place=st.sampled_from(("ckpt.stage", "ckpt.shard.write", "step.begin")),
+          rank=st.integers(0, WORLD_SIZE - 1), delay=st.integers(0, 3))
+    def disk_full(self, place, rank, delay):
+        self._add(Fault(kind="disk_full", when=self._at(place, rank, delay), headroom_kb=0))
+
+    @precondition(lambda self: self._can("slow") and not any(f.kind == "slow" and f.attempt == self.launch
+                                                             for f in self.faults))
+    @rule(latency_ms=st.sampled_from((1.0, 5.0)), bandwidth=st.sampled_from((0.0, 8.0)))
+    def slow(self, latency_ms, bandwidth):
+        when = self._at("step.begin", 0, 0)
+        self._add(Fault(kind="slow", when=when, call="write", latency_ms=latency_ms, bandwidth_mb_s=bandwidth,
+                        target="all"))
+
+    @precondition(lambda self: self._can("power_loss"))
+    @rule(place=st.sampled_from(STEP_POINTS + SAVE_POINTS + RECOVERY_POINTS), rank=st.integers(0, WORLD_SIZE - 1),
+          delay=st.integers(0, 3))
+    def power_loss(self, place, rank, delay):
+        self._add(Fault(kind="power_loss", when=self._at(place, rank, delay)))
+
+    @precondition(lambda self: self._can("corrupt") and not any(f.kind in ("errno", "disk_full", "power_loss")
+                                                                for f in self.faults))
+    @rule(corruption=st.sampled_from(("truncate", "flip", "delete")),
+          file=st.sampled_from(("__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json")),
+          which=st.sampled_from(("newest", "oldest")), delay=st.integers(0, 3))
+    def corrupt(self, corruption, file, which, delay):
+        # At the start of a step after the first save (a checkpoint exists: none of the faults that
+        # fail saves came before), then a crash, so that a relaunch has to judge the damage.
+        when = self._at("step.begin", 0, delay)
+        when.step = max(when.step, TRAINER["ckpt_every_steps"] + 1)
+        self.faults.append(Fault(kind="corrupt", when=when, corruption=corruption, file=file, checkpoint=which,
+                                 attempt=self.launch))
+        self._add(Fault(kind="kill", when=Trigger(**vars(when)), target="all"))
+
+    def teardown(self):
+        self.search.judge(self.faults, final=current_build_context().is_final)
+
+
+def _save_step(t: Trigger) -> int | None:
+    return int(t.name[5:]) if t.name and t.name.startswith("step_") else None
+
+
+# ---- the search ---------------------------------------------------------------------------------
+
+@dataclass
+class Attempt:
+    """One schedule run (or answered from the cache)."""
+
+    name: str
+    verdict: str
+    identity: str | None
+    faults: int
+    fired: int
+    wall_s: float
+    reason: str = ""
+    run_dir: str = ""
+
+
+@dataclass
+class Finding:
+    identity: str
+    scenario: str  # the scenario's name
+    faults: int
+    reason: str
+    file: str
+    reproduced: bool
+    rerun_reason: str = ""
+    found_after_s: float = 0.0  # from the start of the search to the first run that failed this way
+    shrink_runs: int = 0
+    steps: str = ""  # hypothesis's account of the shrunk example
+
+
+@dataclass
+class Summary:
+    trainer: str
+    families: list[str]
+    seed: int | None
+    budget_s: float
+    shrink_s: float
+    schedules: int = 0  # distinct schedules run for real
+    cache_hits: int = 0
+    faults_planned: int = 0
+    faults_fired: int = 0
+    not_run: int = 0  # examples that came after the budget, passed without a run
+    rounds: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    not_reproduced: list[Finding] = field(default_factory=list)
+    wall_s: float = 0.0
+    run_s: float = 0.0  # time spent in runs
+    first_failure_s: float | None = None
+    error: str = ""
+
+    @property
+    def schedules_per_minute(self) -> float:
+        return 60 * self.schedules / self.run_s if self.run_s else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "schedules_per_minute": self.schedules_per_minute}
+
+
+Runner = Callable[[Scenario, Path, Path], object]  # run_scenario's signature, returns a Result
+
+
+class Search:
+    """The search loop around the state machine: budget, cache, rounds, writing and re-running findings.
+
+    ``runner`` is ``runner.run_scenario`` unless a test gives another (for example a checker
+    whose verdict changes between runs, to see a failure that does not reproduce reported so).
+    """
+
+    def __init__(self, trainer_module: str = "reference_trainer", families=DEFAULT_FAMILIES,
+                 budget_s: float = 600, shrink_s: float | None = None, seed: int | None = None,
+                 out: Path | str = REPO_ROOT / "reports" / "explore", regressions: Path | str | None = None,
+                 golden_root: Path | str | None = None, runner: Runner | None = None,
+                 database: Path | str | None | bool = True, max_faults: int = 4, max_findings: int | None = None,
+                 on_event: Callable[[str, "Search", object], None] | None = None):
+        unknown = [f for f in families if f not in KINDS]
+        if unknown:
+            raise ValueError(f"unknown family {unknown[0]!r} for the search; searchable: {', '.join(KINDS)}")
+        from .runner import DEFAULT_GOLDEN_DIR, run_scenario
+
+        self.trainer_module = trainer_module
+        self.kinds = {k for f in families for k in KINDS[f]}
+        self.summary = Summary(trainer=trainer_module, families=list(families), seed=seed, budget_s=budget_s,
+                               shrink_s=shrink_s if shrink_s is not None else min(300.0, max(60.0, budget_s / 2)))
+        self.seed = seed
+        self.out = Path(out)
+        # Failures of the reference trainer are regressions of the catalogue's default suite;
+        # failures of any other trainer (the planted ones) stay with the search's output.
+        if regressions is None:
+            regressions = REGRESSIONS if trainer_module == "reference_trainer" else self.out / "found"
+        self.regressions = Path(regressions)
+        self.golden_root = Path(golden_root) if golden_root else DEFAULT_GOLDEN_DIR
+        self.runner = runner or run_scenario
+        if database is True:
+            key = f"{trainer_module}-{'-'.join(sorted(families))}"
+            database = DEFAULT_DB / key
+        self.database = DirectoryBasedExampleDatabase(str(database)) if database else None
+        self.max_faults = max_faults
+        self.max_findings = max_findings  # stop after this many (benchmarks: the time to the first)
+        self.on_event = on_event or (lambda *_: None)
+        self.cache: dict[str, Attempt] = {}
+        self.known: set[str] = set()  # identities already found (later rounds look past them)
+        self.started = 0.0
+        self.found_at: float | None = None  # when the failure being shrunk was found
+        self.first_seen: dict[str, float] = {}
+        self.shrink_runs = 0
+        self.final: list[tuple[list[Fault], Attempt]] = []
+
+    # -- the clock ----------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def may_run(self) -> bool:
+        if self.found_at is not None:  # shrinking: its own allowance
+            return time.monotonic() - self.found_at < self.summary.shrink_s
+        return self.elapsed() < self.summary.budget_s
+
+    # -- one example --------------------------------------------------------------------------
+
+    def judge(self, faults: list[Fault], final: bool = False) -> None:
+        """Run the schedule (or recall its verdict) and raise if it failed in a new way."""
+        if not faults:
+            return  # no fault, nothing to learn: the golden run already is that run
+        s = build(faults, self.trainer_module)
+        key = s.to_toml()
+        attempt = self.cache.get(key)
+        if attempt is not None:
+            self.summary.cache_hits += 1
+        elif not (final or self.may_run()):
+            self.summary.not_run += 1
+            return
+        else:
+            attempt = self._run(s)
+            self.cache[key] = attempt
+        if final:
+            self.final.append((list(faults), attempt))
+        if attempt.identity is None or attempt.identity in self.known:
+            return
+        if self.found_at is None:
+            self.found_at = time.monotonic()
+        self.first_seen.setdefault(attempt.identity, self.elapsed())
+        raise failure_type(attempt.identity)(f"{attempt.name}: {attempt.reason}")
+
+    def _run(self, s: Scenario) -> Attempt:
+        started = time.monotonic()
+        r = self.runner(s, self.out / "runs", self.golden_root)
+        checks = r.checks
+        fired = sum(1 for c in checks if NOT_FINDINGS.match(c["name"]) and c["verdict"] == "pass")
+        ident = identity(checks) if r.verdict == "fail" else None
+        reason = "; ".join(f"{c['name']}: {c['detail']}" for c in checks
+                           if c["verdict"] == "fail" and not NOT_FINDINGS.match(c["name"]))
+        a = Attempt(name=s.name, verdict=r.verdict, identity=ident, faults=len(s.faults), fired=fired,
+                    wall_s=time.monotonic() - started, reason=reason, run_dir=r.run_dir)
+        sm = self.summary
+        sm.schedules += 1
+        sm.faults_planned += a.faults
+        sm.faults_fired += fired
+        sm.run_s += a.wall_s
+        if self.found_at is not None:
+            self.shrink_runs += 1
+        if ident is not None and ident not in self.known and sm.first_failure_s is None:
+            sm.first_failure_s = self.elapsed()
+        self.on_event("run", self, a)
+        return a
+
+    # -- the whole search ---------------------------------------------------------------------
+
+    def settings(self, round_no: int) -> settings:
+        return settings(
+            # Each example takes 10-40 s of real training: no per-example deadline, and the number of
+            # examples is bounded by the clock (``may_run``), the cap only by what the clock allows.
+            max_examples=max(20, int(self.summary.budget_s / 4)),
+            deadline=None,
+            stateful_step_count=self.max_faults,
+            # the project's example database replays earlier failures first, in the first round only
+            # (a later round treats known failures as passing, which would evict them)
+            database=self.database if round_no == 0 else None,
+            # no explain phase: it reruns the failing example many times for a better message
+            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+            # the only health check real runs trip: examples that take seconds. Filtering and data size
+            # stay checked.
+            suppress_health_check=[HealthCheck.too_slow],
+            report_multiple_bugs=False,  # one bug at a time; the next round looks for the next one
+            verbosity=Verbosity.quiet,
+            print_blob=False,
+        )
+
+    def run(self) -> Summary:
+        self.started = time.monotonic()
+        sm = self.summary
+        round_no = 0
+        while self.elapsed() < sm.budget_s:
+            self.found_at, self.shrink_runs, self.final = None, 0, []
+            factory = lambda: FaultSchedule(self)  # noqa: E731
+            if self.seed is not None:
+                factory = hypothesis_seed(self.seed + round_no)(factory)
+            sm.rounds += 1
+            self.on_event("round", self, round_no)
+            try:
+                run_state_machine_as_test(factory, settings=self.settings(round_no))
+                failure = None
+            except ScheduleFailed as e:
+                failure = e
+            except Exception as e:  # hypothesis itself (flaky, health check): say so, stop
+                sm.error = f"{type(e).__name__}: {e}"
+                break
+            round_no += 1
+            if failure is None:
+                break  # the budget ran out with nothing (new) found
+            self._report(failure)
+            if self.max_findings is not None and len(sm.findings) + len(sm.not_reproduced) >= self.max_findings:
+                break
+        sm.wall_s = self.elapsed()
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "summary.json").write_text(json.dumps(sm.to_dict(), indent=1) + "\n")
+        return sm
+
+    def _report(self, failure: ScheduleFailed) -> None:
+        """Write the shrunk schedule out, load it back, run it again; a finding only if it fails the same way."""
+        ident = next(i for i, t in _FAILURE_TYPES.items() if isinstance(failure, t))
+        self.known.add(ident)
+        faults, attempt = next(((f, a) for f, a in reversed(self.final) if a.identity == ident), (None, None))
+        if faults is None:  # hypothesis replays the shrunk example once more; that is where it comes from
+            self.summary.error = f"no final replay recorded for {ident}"
+            return
+        notes = "\n".join(getattr(failure, "__notes__", []))
+        name = f"explore-{re.sub(r'[^a-z0-9]+', '-', ident.lower()).strip('-')}-{attempt.name[-6:]}"
+        reference = self.trainer_module == "reference_trainer"
+        s = build(faults, self.trainer_module, name=name, suites=("default",) if reference else ("explore",),
+                  description=f"found by ckpt-chaos explore (seed {self.seed}): fails {ident}")
+        self.regressions.mkdir(parents=True, exist_ok=True)
+        path = self.regressions / f"{name}.toml"
+        shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+        header = (f"# Found by `ckpt-chaos explore --trainer {self.trainer_module} --seed {self.seed}`, shrunk to "
+                  f"{len(faults)} fault(s).\n# Reproduce: ckpt-chaos run {shown}\n"
+                  f"# It failed: {attempt.reason[:400]}\n")
+        path.write_text(header + s.to_toml())
+        rerun = self.runner(load(path), self.out / "reruns", self.golden_root)
+        again = {normalize(c["name"]) for c in rerun.checks if c["verdict"] == "fail"}
+        finding = Finding(identity=ident, scenario=name, faults=len(faults), reason=attempt.reason, file=str(path),
+                          reproduced=ident in again, rerun_reason=rerun.reason,
+                          found_after_s=self.first_seen.get(ident, 0.0), shrink_runs=self.shrink_runs, steps=notes)
+        if finding.reproduced:
+            self.summary.findings.append(finding)
+        else:  # not a finding: the file goes, the report says why
+            path.unlink()
+            finding.file = ""
+            self.summary.not_reproduced.append(finding)
+        self.on_event("finding", self, finding)
