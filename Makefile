@@ -48,6 +48,9 @@ chaos: setup
 	$(VENV)/bin/ckpt-chaos run --suite default $(CHAOS_FLAGS)
 	@if command -v chromium >/dev/null; then $(VENV)/bin/ckpt-chaos report reports/default/latest --no-plots --browser; \
 	else echo "WARNING: no chromium here: the report was not checked in a browser (make setup installs it as root)" >&2; fi
+# Fault-schedule search against the reference trainer: a small fixed budget and seed (CI); a finding
+# fails the target and lands in scenarios/regressions. Nightly: ckpt-chaos explore --budget 2h.
+	$(VENV)/bin/ckpt-chaos explore --budget 150s --shrink-budget 120s --seed 0 --no-database
 
 # Benchmarks: apart from the tests, several rounds, medians and ratios; figures kept in benchmarks/results.
 bench: setup
@@ -56,6 +59,7 @@ bench: setup
 	$(PY) benchmarks/remote_upload.py --rounds 5
 	$(PY) benchmarks/checkpoint_overhead.py --rounds 3
 	$(PY) benchmarks/soak_goodput.py --rounds 3
+	$(PY) benchmarks/explore_planted.py --seeds 0 1 2 --budget 300 --shrink 180
 	$(PY) benchmarks/report.py
 
 clean:

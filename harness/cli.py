@@ -204,6 +204,74 @@ def cmd_cadence(args: argparse.Namespace) -> int:
     return 0
 
 
+def _duration(text: str) -> float:
+    """``90``, ``90s``, ``20m``, ``1h`` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a duration such as 90s, 20m or 1h") from None
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    """Search random fault schedules for a failure; write each one found, shrunk, as a scenario file."""
+    from rich.console import Console
+
+    from .explore import KINDS, Search
+
+    families = [f for f in args.families.split(",") if f]
+    bad = [f for f in families if f not in KINDS]
+    if bad or not families:
+        print(f"ckpt-chaos explore: unknown family {bad[0] if bad else '(none)'}; searchable: {', '.join(KINDS)}",
+              file=sys.stderr)
+        return 2
+    console = Console()
+    out = Path(args.out) / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    status = console.status("starting")
+
+    def show(kind: str, search, obj) -> None:
+        sm = search.summary
+        if kind == "run":
+            colour = "red" if obj.identity else "green" if obj.verdict == "pass" else "yellow"
+            what = obj.identity or ("pass" if obj.verdict == "pass" else "a fault did not fire")
+            console.print(f"{search.elapsed():5.0f}s  [{colour}]{what:<22}[/] {obj.name}  {obj.faults} fault(s), "
+                          f"{obj.fired} fired  ({obj.wall_s:.0f}s)")
+        elif kind == "finding":
+            if obj.reproduced:
+                console.print(f"[red bold]FOUND[/] {obj.identity}: shrunk to {obj.faults} fault(s), reproduced; "
+                              f"{obj.file}")
+            else:
+                console.print(f"[yellow]did not reproduce[/] {obj.identity}: the shrunk schedule passed or failed "
+                              f"otherwise when run again from its file ({obj.rerun_reason or 'pass'})")
+        phase = "shrinking" if search.found_at is not None else "searching"
+        status.update(f"{phase}: {sm.schedules} schedules, {sm.faults_fired} faults fired, "
+                      f"{len(sm.findings)} failure(s) found, {search.elapsed():.0f}s of {args.budget:.0f}s")
+
+    search = Search(trainer_module=args.trainer, families=families, budget_s=args.budget, shrink_s=args.shrink_budget,
+                    seed=args.seed, out=out, regressions=args.regressions, golden_root=args.golden_dir,
+                    database=None if args.no_database else True, max_faults=args.max_faults, on_event=show)
+    console.print(f"ckpt-chaos explore: trainer {args.trainer}, families {', '.join(families)}, budget "
+                  f"{args.budget:.0f}s (+ {search.summary.shrink_s:.0f}s to shrink a failure), seed {args.seed}; "
+                  f"runs in {out}")
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        with status:
+            sm = search.run()
+    except KeyboardInterrupt:
+        console.print("[red]interrupted: every process of the running schedule was killed[/]")
+        return 130
+    console.print(f"schedules tried: {sm.schedules} ({sm.schedules_per_minute:.1f}/min, {sm.cache_hits} repeats "
+                  f"answered from the cache)  faults fired: {sm.faults_fired} of {sm.faults_planned}  "
+                  f"failures found: {len(sm.findings)}  not reproduced: {len(sm.not_reproduced)}  "
+                  f"wall: {sm.wall_s:.0f}s")
+    for f in sm.findings:
+        console.print(f"  {f.identity}: {f.faults} fault(s), found after {f.found_after_s:.0f}s -> ckpt-chaos run {f.file}")
+    if sm.error:
+        console.print(f"[red]search stopped: {sm.error}[/]")
+    console.print(f"summary: {out / 'summary.json'}")
+    return 1 if sm.findings or sm.error else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ckpt-chaos",
@@ -260,6 +328,23 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--out", default=str(REPORTS_DIR / "cadence"), help="where the plot and figures go")
     c.set_defaults(func=cmd_cadence)
+
+    c = sub.add_parser("explore", help="search random fault schedules for failures, shrink each to a scenario file")
+    c.add_argument("--budget", type=_duration, default=_duration("20m"), help="search time, e.g. 3m, 20m, 1h")
+    c.add_argument("--shrink-budget", type=_duration, default=None,
+                   help="time to shrink each failure found (default: half the budget, 1 to 5 minutes)")
+    c.add_argument("--families", default="process,storage", help="fault families to compose (process,storage)")
+    c.add_argument("--trainer", default="reference_trainer", help="python module of the trainer (-m under torchrun)")
+    c.add_argument("--seed", type=int, default=None, help="fixes the schedules generated (CI)")
+    c.add_argument("--max-faults", type=int, default=4, help="steps per schedule (faults and training progress)")
+    c.add_argument("--out", default=str(REPORTS_DIR / "explore"), help="where runs and summary.json go")
+    c.add_argument("--regressions", default=None,
+                   help="where failures are written (default: scenarios/regressions for the reference trainer, "
+                        "OUT/found for any other)")
+    c.add_argument("--golden-dir", default=str(REPO_ROOT / "runs" / "golden"), help="cache of fault-free runs")
+    c.add_argument("--no-database", action="store_true", help="do not replay or keep failing examples "
+                   "(.hypothesis/explore)")
+    c.set_defaults(func=cmd_explore)
     return p
 
 

@@ -1,0 +1,118 @@
+"""The fault-schedule search (harness/explore.py): what it generates, how it shrinks, what it reports.
+
+The fast tests drive the real state machine and search loop with checkers that run no training
+(a verdict computed from the schedule, or one that changes between runs); the slow one searches
+against a planted-bug trainer for real.
+"""
+
+from __future__ import annotations
+
+import collections
+import tomllib
+
+import pytest
+
+from harness.explore import MAX_LAUNCHES, TRAINER, Search, identity
+from harness.runner import Result, run_scenario
+from harness.scenario import from_dict, load
+
+
+def _result(s, failed: dict[str, str]) -> Result:
+    """A Result as the checker writes it: every fault fired, plus the given failed checks."""
+    checks = [{"name": f"fault_{i}_fired", "verdict": "pass", "detail": "fired"} for i in range(len(s.faults))]
+    checks += [{"name": n, "verdict": "fail", "detail": d} for n, d in failed.items()]
+    return Result(scenario=s.name, verdict="fail" if failed else "pass", checks=checks,
+                  reason="; ".join(f"{n}: {d}" for n, d in failed.items()))
+
+
+def test_generated_schedules_validate_round_trip_and_follow_the_story(tmp_path):
+    seen = []
+
+    def runner(s, out, golden):
+        text = s.to_toml()
+        again = from_dict(tomllib.loads(text), "round-trip", s.name)  # validates, as `ckpt-chaos run` would
+        assert again.to_toml() == text
+        seen.append(s)
+        return _result(s, {})
+
+    sm = Search(runner=runner, budget_s=400, database=None, seed=3, out=tmp_path).run()
+    assert sm.schedules == len(seen) >= 60 and not sm.findings and not sm.error
+    kinds = collections.Counter(f.kind for s in seen for f in s.faults)
+    assert set(kinds) == {"kill", "term", "stop", "raise", "errno", "disk_full", "slow", "power_loss", "corrupt"}
+    for s in seen:
+        launches = [f.attempt for f in s.faults]
+        assert launches == sorted(launches) and max(launches) <= MAX_LAUNCHES
+        assert s.recovery.max_restarts == max(launches) + 1  # one spare relaunch
+        for i, f in enumerate(s.faults):
+            if f.kind == "term":  # a preemption needs a micro-batch after it
+                assert (f.when.step or int(f.when.name[5:])) < TRAINER["max_steps"]
+            if f.kind == "corrupt":  # always followed by a crash at the same point, so a relaunch judges it
+                assert s.faults[i + 1].kind == "kill" and s.faults[i + 1].when == f.when
+        if any(f.kind == "disk_full" for f in s.faults):
+            assert s.storage.fs == "tmpfs"
+        assert s.expect.resume_from is None and s.expect.job_fails is None
+    # Swarm testing: examples enable a subset of the kinds, so many multi-fault schedules use one kind only.
+    single_kind = [s for s in seen if len(s.faults) >= 2 and len({f.kind for f in s.faults}) == 1]
+    assert len(single_kind) >= 10
+
+
+def test_unfired_faults_are_not_findings():
+    checks = [{"name": "fault_0_fired", "verdict": "fail", "detail": ""},
+              {"name": "fault_1_surfaced", "verdict": "fail", "detail": ""},
+              {"name": "lost_work@1", "verdict": "fail", "detail": ""}]
+    assert identity(checks[:1]) is None
+    assert identity(checks) == "fault_surfaced"
+    assert identity(checks[2:]) == "lost_work"
+
+
+def test_a_failure_shrinks_to_the_fault_that_causes_it_and_is_written_out(tmp_path):
+    # A checker that fails every schedule with a SIGKILL of rank 1 at a save point: the minimal
+    # failing schedule is that one fault.
+    def runner(s, out, golden):
+        bad = any(f.kind == "kill" and f.when.point.startswith("ckpt.") for f in s.faults)
+        return _result(s, {"committed_survives@0": "lost"} if bad else {})
+
+    sm = Search(runner=runner, budget_s=120, shrink_s=60, database=None, seed=1, out=tmp_path,
+                regressions=tmp_path / "regressions", max_findings=1).run()
+    assert len(sm.findings) == 1 and not sm.not_reproduced
+    f = sm.findings[0]
+    assert f.identity == "committed_survives" and f.reproduced and f.faults == 1
+    s = load(f.file)  # the written file is a catalogue scenario
+    assert [x.kind for x in s.faults] == ["kill"] and s.faults[0].when.point.startswith("ckpt.")
+    # a failure of the reference trainer is a regression: it joins the default suite
+    assert s.suites == ["default"] and s.trainer_module == "reference_trainer"
+    assert "Reproduce: ckpt-chaos run" in open(f.file).read()
+
+
+def test_a_failure_that_does_not_reproduce_is_reported_so(tmp_path):
+    # A flaky checker: each schedule fails the first time it is run and passes after. The search
+    # finds and shrinks a failure (repeats come from its cache), then runs the written file again.
+    runs = collections.Counter()
+
+    def flaky(s, out, golden):
+        runs[repr(s.faults)] += 1  # the schedule, whatever the file's name and description
+        return _result(s, {"trajectory": "diverges"} if runs[repr(s.faults)] == 1 else {})
+
+    sm = Search(runner=flaky, budget_s=60, shrink_s=30, database=None, seed=2, out=tmp_path / "o",
+                regressions=tmp_path / "found", max_findings=1).run()
+    assert not sm.findings
+    assert len(sm.not_reproduced) == 1
+    f = sm.not_reproduced[0]
+    assert f.identity == "trajectory" and not f.reproduced and f.file == ""
+    assert not list((tmp_path / "found").glob("*.toml"))  # nothing left to mistake for a regression
+
+
+@pytest.mark.slow
+def test_search_finds_rng_not_saved_and_shrinks_it_to_a_reproducing_file(tmp_path):
+    sm = Search(trainer_module="tests.planted.rng_not_saved", families=("process",), budget_s=150, shrink_s=90,
+                seed=0, database=None, out=tmp_path / "search", golden_root=tmp_path / "golden",
+                max_findings=1).run()
+    assert sm.findings, f"nothing found in {sm.schedules} schedules: {sm.to_dict()}"
+    f = sm.findings[0]
+    assert f.identity == "trajectory" and f.reproduced and 1 <= f.faults <= 3
+    assert str(tmp_path) in f.file  # a planted trainer's failure stays out of scenarios/regressions
+    s = load(f.file)
+    assert s.trainer_module == "tests.planted.rng_not_saved"
+    # The written file fails the same way under the real runner (the search already did this once).
+    r = run_scenario(s, tmp_path / "again", tmp_path / "golden")
+    assert r.verdict == "fail" and "rng state differs" in r.reason
