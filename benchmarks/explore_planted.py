@@ -72,12 +72,16 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--budget", type=float, default=300, help="generation budget per search, seconds")
     p.add_argument("--shrink", type=float, default=180, help="shrinking budget per finding, seconds")
-    p.add_argument("--bugs", nargs="+", default=list(PLANTED), help="planted trainers (tests/planted/NAME.py)")
+    p.add_argument("--bugs", nargs="*", default=list(PLANTED), help="planted trainers (tests/planted/NAME.py)")
     p.add_argument("--no-reference", action="store_true", help="skip the correct trainer's searches")
+    p.add_argument("--append", action="store_true", help="add to the searches already in the results file "
+                   "(a benchmark run in parts)")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="explore-bench-"))
     golden = work / "golden"
-    rows: list[dict] = []
+    rows: list[dict] = json.loads(RESULTS.read_text())["searches"] if args.append and RESULTS.exists() else []
+    commands = (json.loads(RESULTS.read_text()).get("commands", []) if args.append and RESULTS.exists() else [])
+    commands.append("benchmarks/explore_planted.py " + " ".join(sys.argv[1:]))
     modules = [f"tests.planted.{b}" for b in args.bugs] + ([] if args.no_reference else ["reference_trainer"])
     started = time.monotonic()
     for module in modules:
@@ -89,7 +93,7 @@ def main() -> int:
                   f"{r['schedules']} schedules, {r['wall_s']:.0f}s", flush=True)
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps({
-                "command": "benchmarks/explore_planted.py " + " ".join(sys.argv[1:]),
+                "commands": commands,
                 "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
                 "budget_s": args.budget, "shrink_s": args.shrink, "seeds": args.seeds,
                 "wall_s": time.monotonic() - started, "summary": summarize(rows), "searches": rows}, indent=1) + "\n")

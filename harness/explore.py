@@ -334,7 +334,6 @@ class Finding:
     rerun_reason: str = ""
     found_after_s: float = 0.0  # from the start of the search to the first run that failed this way
     shrink_runs: int = 0
-    steps: str = ""  # hypothesis's account of the shrunk example
 
 
 @dataclass
@@ -532,7 +531,6 @@ class Search:
         if faults is None:  # hypothesis replays the shrunk example once more; that is where it comes from
             self.summary.error = f"no final replay recorded for {ident}"
             return
-        notes = "\n".join(getattr(failure, "__notes__", []))
         name = f"explore-{re.sub(r'[^a-z0-9]+', '-', ident.lower()).strip('-')}-{attempt.name[-6:]}"
         reference = self.trainer_module == "reference_trainer"
         s = build(faults, self.trainer_module, name=name, suites=("default",) if reference else ("explore",),
@@ -548,7 +546,7 @@ class Search:
         again = {normalize(c["name"]) for c in rerun.checks if c["verdict"] == "fail"}
         finding = Finding(identity=ident, scenario=name, faults=len(faults), reason=attempt.reason, file=str(path),
                           reproduced=ident in again, rerun_reason=rerun.reason,
-                          found_after_s=self.first_seen.get(ident, 0.0), shrink_runs=self.shrink_runs, steps=notes)
+                          found_after_s=self.first_seen.get(ident, 0.0), shrink_runs=self.shrink_runs)
         if finding.reproduced:
             self.summary.findings.append(finding)
         else:  # not a finding: the file goes, the report says why
