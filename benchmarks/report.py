@@ -79,7 +79,8 @@ def soak_section(d: dict) -> dict:
                      "measured, each run": ", ".join(f"{g:.1%}" for g in c["goodput_runs"]),
                      "model (Daly)": f"{p['model']:.1%}", "Monte Carlo mean": f"{p['sim_mean']:.1%}",
                      "Monte Carlo 5-95 %": f"{p['sim_p5']:.1%} - {p['sim_p95']:.1%}",
-                     "measured / model": c["measured_vs_model"]})
+                     "measured / model (median of runs)": c["measured_vs_model"],
+                     "runs inside the MC 5-95 %": f"{c['runs_within_mc_5_95']} of {len(c['goodput_runs'])}"})
     svg = RESULTS / "soak_goodput.svg"
     return {"table": _table(pd.DataFrame(rows)), "plot": _svg(svg) if svg.exists() else "", "d": d}
 
@@ -137,9 +138,11 @@ in the same round. Restart: launch of torchrun to the first new step after a loa
 <p class="note">The real trainer (2 ranks, {{ d.steps }} steps of {{ "%.3f"|format(d.step_s) }} s) killed as a whole job at the
 times of a Poisson process (MTBF {{ d.mtbf_s }} s of wall time, the clock running through restarts) and relaunched
 at once, {{ d.rounds }} runs per cadence. Measured goodput: useful work (steps &times; the step time of a run without
-checkpoints or failures) over the wall time from the first step to the last. Predicted with the costs measured
-on the same runs: save stall {{ "%.3f"|format(d.costs_median.save_stall_s) }} s (the loop's own cost per save:
-{{ "%.3f"|format(d.costs_median.save_loop_cost_s) }} s), restart {{ "%.2f"|format(d.costs_median.restart_s) }} s.</p>
+checkpoints or failures) over the wall time from the first step to the last. Each run is predicted from its own
+measured costs (the machine's load drifts); medians over all runs: save stall
+{{ "%.3f"|format(d.costs_median.save_stall_s) }} s (the loop's own cost per save, step intervals across a save less
+those without: {{ "%.3f"|format(d.costs_median.save_loop_cost_s) }} s), restart
+{{ "%.2f"|format(d.costs_median.restart_s) }} s. The table gives medians of the per-run predictions.</p>
 {{ s.soak.table }}
 {{ s.soak.plot }}
 <p class="note"><b>Why measured and predicted differ.</b> Daly's closed form is an expectation over an infinite job;

@@ -16,9 +16,10 @@ Measured, per soak run:
   over restarts that were not themselves killed); and the loop's actual cost per save (median step
   interval across a save, less one without), which ``C`` should explain.
 
-Predicted: Daly's closed form (``harness.goodput.expected_goodput``) at interval ``every * s`` with
-those costs and the injected MTBF, and a Monte Carlo over the same finite horizon of useful work
-(mean, 5-95 %): one short run is a sample from that spread, not its mean.
+Predicted, for each run from that run's own costs (the machine's load drifts during a soak): Daly's
+closed form (``harness.goodput.expected_goodput``) at interval ``every * s`` with the injected MTBF,
+and a Monte Carlo over the same finite horizon of useful work (mean, 5-95 %): one short run is a
+sample from that spread, not its mean. ``--summarize-only`` recomputes them from the stored runs.
 
 Rounds alternate cadences so machine drift hits them alike; figures are medians over rounds.
 
@@ -145,6 +146,8 @@ def measure(work: Path, run: dict, every: int, steps: int, step_s: float) -> dic
         "steps_computed": len(recs), "steps_redone": len(recs) - steps,
         "save_stall_s": statistics.median(stalls), "restart_s": statistics.median(restarts) if restarts else None,
         "save_loop_cost_s": (statistics.median(across) - statistics.median(plain)) if across and plain else None,
+        # Steps without a save in this run against the baseline's: whether the soak's own load slowed work.
+        "step_s_in_run": statistics.median(plain) if plain else None,
     }
 
 
@@ -153,6 +156,38 @@ def predict(row: dict, mtbf_s: float, horizon_s: float, runs: int, seed: int) ->
     sim = simulate(row["interval_s"], costs, horizon_s, runs=runs, seed=seed)
     return {"model": expected_goodput(row["interval_s"], costs), "sim_mean": sim.mean, "sim_p5": sim.p5,
             "sim_p95": sim.p95}
+
+
+def summarize(rows: dict[int, list[dict]], step_s: float, args: argparse.Namespace) -> dict:
+    """Medians per cadence, and the prediction for each run from that run's own costs: the load of
+    the machine drifts during a soak, so costs pooled over runs would predict none of them well."""
+    horizon = (args.steps - 1) * step_s
+    all_rows = [r for rs in rows.values() for r in rs]
+    pooled_restart = statistics.median(r["restart_s"] for r in all_rows if r["restart_s"] is not None)
+    costs = {"save_stall_s": statistics.median(r["save_stall_s"] for r in all_rows), "restart_s": pooled_restart,
+             "save_loop_cost_s": statistics.median(r["save_loop_cost_s"] for r in all_rows
+                                                   if r["save_loop_cost_s"] is not None)}
+    out = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+           "rounds": args.rounds, "steps": args.steps, "mtbf_s": args.mtbf_s, "step_s": step_s,
+           "horizon_s": horizon, "model": MODEL, "costs_median": costs, "cadences": []}
+    for i, (every, rs) in enumerate(rows.items()):
+        for j, r in enumerate(rs):
+            # A run with no restart that was not itself killed takes the pooled restart cost.
+            r["predicted"] = predict({**r, "restart_s": r["restart_s"] or pooled_restart}, args.mtbf_s, horizon,
+                                     args.mc_runs, args.seed + 100 * i + j)
+            r["measured_vs_model"] = r["goodput"] / r["predicted"]["model"]
+        med = {k: statistics.median(r[k] for r in rs if r[k] is not None) for k in rs[0]
+               if k not in ("restart_s", "predicted", "measured_vs_model")}
+        med["restart_s"] = statistics.median([r["restart_s"] for r in rs if r["restart_s"] is not None] or
+                                             [pooled_restart])
+        pred = {k: statistics.median(r["predicted"][k] for r in rs) for k in rs[0]["predicted"]}
+        # Where the measured runs fall in the Monte Carlo's spread of one run, each against its own costs.
+        within = sum(r["predicted"]["sim_p5"] <= r["goodput"] <= r["predicted"]["sim_p95"] for r in rs)
+        out["cadences"].append({**med, "goodput_runs": [r["goodput"] for r in rs], "runs": rs, "predicted": pred,
+                                "runs_within_mc_5_95": within,
+                                "measured_vs_model": statistics.median(r["measured_vs_model"] for r in rs)})
+    return out
 
 
 def plot(out: dict, path: Path) -> None:
@@ -197,7 +232,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mc-runs", type=int, default=2000)
     ap.add_argument("--out", default=str(RESULTS / "soak_goodput.json"))
+    ap.add_argument("--summarize-only", action="store_true",
+                    help="recompute the predictions and the plot from the runs stored in --out; no training")
     args = ap.parse_args()
+    if args.summarize_only:
+        stored = json.loads(Path(args.out).read_text())
+        args.rounds, args.steps, args.mtbf_s = stored["rounds"], stored["steps"], stored["mtbf_s"]
+        rows = {c["every_steps"]: c["runs"] for c in stored["cadences"]}
+        write(summarize(rows, stored["step_s"], args), args)
+        return
     cadences = [int(x) for x in args.every.split(",")]
     cfg = {**MODEL, "max_steps": args.steps, "warmup_steps": 4}
     rows: dict[int, list[dict]] = {e: [] for e in cadences}
@@ -215,34 +258,23 @@ def main() -> None:
                       f"{row['failures']} failures, {row['steps_redone']} steps redone, save stall "
                       f"{row['save_stall_s']:.3f} s, restart {row['restart_s'] or float('nan'):.2f} s, "
                       f"wall {row['wall_s']:.0f} s", flush=True)
-    step_s = statistics.median(steps_s)
-    horizon = (args.steps - 1) * step_s
-    all_rows = [r for rs in rows.values() for r in rs]
-    costs = {"save_stall_s": statistics.median(r["save_stall_s"] for r in all_rows),
-             "restart_s": statistics.median(r["restart_s"] for r in all_rows if r["restart_s"] is not None),
-             "save_loop_cost_s": statistics.median(r["save_loop_cost_s"] for r in all_rows
-                                                   if r["save_loop_cost_s"] is not None)}
-    out = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-           "rounds": args.rounds, "steps": args.steps, "mtbf_s": args.mtbf_s, "step_s": step_s,
-           "horizon_s": horizon, "model": MODEL, "costs_median": costs, "cadences": []}
-    for i, (every, rs) in enumerate(rows.items()):
-        med = {k: statistics.median(r[k] for r in rs if r[k] is not None) for k in rs[0] if k != "restart_s"}
-        # The prediction takes the costs measured over every run (a single run sees few restarts).
-        pred = predict({**med, "save_stall_s": costs["save_stall_s"], "restart_s": costs["restart_s"]},
-                       args.mtbf_s, horizon, args.mc_runs, args.seed + i)
-        out["cadences"].append({**med, "goodput_runs": [r["goodput"] for r in rs], "runs": rs, "predicted": pred,
-                                "measured_vs_model": med["goodput"] / pred["model"]})
+    write(summarize(rows, statistics.median(steps_s), args), args)
+
+
+def write(out: dict, args: argparse.Namespace) -> None:
+    costs = out["costs_median"]
     RESULTS.mkdir(exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     plot(out, Path(args.out).with_suffix(".svg"))
-    print(f"\nstep {step_s:.3f} s, save stall {costs['save_stall_s']:.3f} s (loop cost per save "
-          f"{costs['save_loop_cost_s']:.3f} s), restart {costs['restart_s']:.2f} s, MTBF {args.mtbf_s:g} s")
-    print(f"{'every':>6} {'interval':>9} {'measured':>9} {'model':>7} {'MC mean':>8} {'MC 5-95 %':>13} {'meas/model':>10}")
+    print(f"\nstep {out['step_s']:.3f} s, save stall {costs['save_stall_s']:.3f} s (loop cost per save "
+          f"{costs['save_loop_cost_s']:.3f} s), restart {costs['restart_s']:.2f} s, MTBF {args.mtbf_s:g} s; "
+          f"predictions per run from that run's own costs, medians here")
+    print(f"{'every':>6} {'interval':>9} {'measured':>9} {'model':>7} {'MC mean':>8} {'MC 5-95 %':>13} {'meas/model':>10} "
+          f"{'runs in MC 5-95 %':>17}")
     for c in out["cadences"]:
         p = c["predicted"]
         print(f"{c['every_steps']:>6} {c['interval_s']:>8.2f}s {c['goodput']:>9.1%} {p['model']:>7.1%} "
-              f"{p['sim_mean']:>8.1%} {p['sim_p5']:>6.1%}-{p['sim_p95']:<6.1%} {c['measured_vs_model']:>10.2f}")
+              f"{p['sim_mean']:>8.1%} {p['sim_p5']:>6.1%}-{p['sim_p95']:<6.1%} {c['measured_vs_model']:>10.2f} {c['runs_within_mc_5_95']:>8} of {len(c['runs'])}")
     print(f"figures: {args.out}  plot: {Path(args.out).with_suffix('.svg')}")
 
 
