@@ -40,7 +40,9 @@ Budget: hypothesis has no clock, so the search keeps one. No new schedule is run
 ``budget_s`` (later examples pass without running, and hypothesis runs out of them in
 milliseconds); a failure then gets at most ``shrink_s`` of shrinking, every run of it real
 except repeats, which are answered from a cache of verdicts keyed by the scenario's TOML (exact,
-because the same schedule fails the same way). After the shrink the scenario is written to a
+because the same schedule fails the same way). Half of it goes to hypothesis's shrinker, the rest
+to a deletion pass over the faults of what it returned (``Search._reduce``): one run removes a
+whole fault, where the shrinker spends most of its candidates on the values inside the steps. After the shrink the scenario is written to a
 file, loaded back and run once more: a failure that does not fail the same way again is
 reported as "did not reproduce", never as a finding. Then the search goes on (a new round,
 failures of a known identity no longer interesting) until the budget is spent.
@@ -48,9 +50,11 @@ failures of a known identity no longer interesting) until the budget is spent.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,10 +63,10 @@ from typing import Callable
 from hypothesis import HealthCheck, Phase, Verbosity, seed as hypothesis_seed, settings, strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.database import DirectoryBasedExampleDatabase
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 from .launcher import REPO_ROOT
-from .scenario import Expect, Fault, Recovery, Scenario, Storage, Trigger, load, validate
+from .scenario import Expect, Fault, Recovery, Scenario, ScenarioError, Storage, Trigger, load, validate
 
 # A small job: 2 ranks, 8 steps, a checkpoint every 2 steps (4 saves); a launch takes 10-15 s on this
 # 2-core machine, most of it torchrun, imports and process groups.
@@ -80,6 +84,9 @@ DEFAULT_FAMILIES = ("process", "storage")
 ENDS_LAUNCH = ("kill", "term", "stop", "raise", "power_loss", "corrupt")  # corrupt comes with a kill
 # Storage faults that may fail saves: the work lost to a crash is then not bounded by one interval.
 FAILS_SAVES = ("errno", "disk_full", "corrupt")
+# Of a failure's shrinking time, hypothesis's shrinker gets this share; a fault-level deletion pass
+# (``Search._reduce``) the rest: at 30-60 s a run, hypothesis alone gets through few candidates.
+HYPOTHESIS_SHRINK_SHARE = 0.5
 DEFAULT_DB = REPO_ROOT / ".hypothesis" / "explore"
 REGRESSIONS = REPO_ROOT / "scenarios" / "regressions"
 
@@ -157,7 +164,11 @@ def build(faults: list[Fault], trainer_module: str, name: str | None = None, des
 
 
 class FaultSchedule(RuleBasedStateMachine):
-    """A schedule of faults against the search's trainer, run once in ``teardown``."""
+    """A schedule of faults against the search's trainer, run once in ``teardown``.
+
+    A rule that does not apply where the story is (a third crash, a preemption in the last step, a
+    kind outside ``--families``) does nothing, rather than being a precondition: with swarm testing
+    an example whose enabled rules all failed their preconditions would be thrown away."""
 
     def __init__(self, search: "Search"):
         super().__init__()
@@ -219,44 +230,49 @@ class FaultSchedule(RuleBasedStateMachine):
 
     # -- rules: process faults -------------------------------------------------------------
 
-    @precondition(lambda self: self._can("kill"))
     @rule(place=st.sampled_from(STEP_POINTS + SAVE_POINTS + RECOVERY_POINTS), rank=st.integers(0, WORLD_SIZE - 1),
           delay=st.integers(0, 3), whom=st.sampled_from(("triggering", "all", "other")))
     def kill(self, place, rank, delay, whom):
+        if not (self._can("kill")):
+            return
         when = self._at(place, rank, delay)
         target = {"triggering": "triggering", "all": "all"}.get(whom, f"rank:{1 - when.rank}")
         self._add(Fault(kind="kill", when=when, target=target))
 
-    @precondition(lambda self: self._can("term") and self.step < TRAINER["max_steps"])
     @rule(place=st.sampled_from(STEP_POINTS + SAVE_POINTS), rank=st.integers(0, WORLD_SIZE - 1),
           delay=st.integers(0, 3), whom=st.sampled_from(("all", "triggering")))
     def term(self, place, rank, delay, whom):
         # A preemption needs a micro-batch boundary after it to stop at: never in the last step.
+        if not (self._can("term") and self.step < TRAINER["max_steps"]):
+            return
         when = self._at(place, rank, delay)
         if (when.step or _save_step(when) or 0) >= TRAINER["max_steps"]:
             when = Trigger(point="step.begin", rank=rank, step=min(self.step, TRAINER["max_steps"] - 1))
         self._add(Fault(kind="term", when=when, target="ranks:0,1" if whom == "all" else "triggering", grace_s=30.0))
 
-    @precondition(lambda self: self._can("stop"))
     @rule(place=st.sampled_from(STEP_POINTS + SAVE_POINTS), rank=st.integers(0, WORLD_SIZE - 1),
           delay=st.integers(0, 3))
     def stop(self, place, rank, delay):
+        if not (self._can("stop")):
+            return
         self._add(Fault(kind="stop", when=self._at(place, rank, delay), target="triggering"))
 
-    @precondition(lambda self: self._can("raise"))
     @rule(place=st.sampled_from(STEP_POINTS), rank=st.integers(0, WORLD_SIZE - 1), delay=st.integers(0, 3),
           error=st.sampled_from(("oom", "runtime")))
     def raise_(self, place, rank, delay, error):
         # Raised in the training loop (an exception inside a save is a failed save that the
         # trainer survives by policy, which would need job_fails = false on that schedule).
+        if not (self._can("raise")):
+            return
         self._add(Fault(kind="raise", when=self._at(place, rank, delay), error=error))
 
     # -- rules: storage faults -------------------------------------------------------------
 
-    @precondition(lambda self: self._can("errno"))
     @rule(site=st.sampled_from(ERRNO_SITES), err=st.sampled_from(("EIO", "ENOSPC")),
           rank=st.integers(0, WORLD_SIZE - 1), delay=st.integers(0, 3), nth_call=st.integers(1, 4))
     def errno(self, site, err, rank, delay, nth_call):
+        if not (self._can("errno")):
+            return
         call, path, target, point = site
         when = self._at(point, rank, delay)
         if when.point != point:  # no save left in this launch
@@ -265,34 +281,36 @@ class FaultSchedule(RuleBasedStateMachine):
         self._add(Fault(kind="errno", when=when, call=call, errno=err, path=path.format(r=r),
                         target=target.format(r=r), nth_call=nth_call if call == "write" else 1))
 
-    @precondition(lambda self: self._can("disk_full"))
     @rule(place=st.sampled_from(("ckpt.stage", "ckpt.shard.write", "step.begin")),
           rank=st.integers(0, WORLD_SIZE - 1), delay=st.integers(0, 3))
     def disk_full(self, place, rank, delay):
+        if not (self._can("disk_full")):
+            return
         self._add(Fault(kind="disk_full", when=self._at(place, rank, delay), headroom_kb=0))
 
-    @precondition(lambda self: self._can("slow") and not any(f.kind == "slow" and f.attempt == self.launch
-                                                             for f in self.faults))
     @rule(latency_ms=st.sampled_from((1.0, 5.0)), bandwidth=st.sampled_from((0.0, 8.0)))
     def slow(self, latency_ms, bandwidth):
+        if not (self._can("slow") and not any(f.kind == "slow" and f.attempt == self.launch for f in self.faults)):
+            return
         when = self._at("step.begin", 0, 0)
         self._add(Fault(kind="slow", when=when, call="write", latency_ms=latency_ms, bandwidth_mb_s=bandwidth,
                         target="all"))
 
-    @precondition(lambda self: self._can("power_loss"))
     @rule(place=st.sampled_from(STEP_POINTS + SAVE_POINTS + RECOVERY_POINTS), rank=st.integers(0, WORLD_SIZE - 1),
           delay=st.integers(0, 3))
     def power_loss(self, place, rank, delay):
+        if not (self._can("power_loss")):
+            return
         self._add(Fault(kind="power_loss", when=self._at(place, rank, delay)))
 
-    @precondition(lambda self: self._can("corrupt") and not any(f.kind in ("errno", "disk_full", "power_loss")
-                                                                for f in self.faults))
     @rule(corruption=st.sampled_from(("truncate", "flip", "delete")),
           file=st.sampled_from(("__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json")),
           which=st.sampled_from(("newest", "oldest")), delay=st.integers(0, 3))
     def corrupt(self, corruption, file, which, delay):
         # At the start of a step after the first save (a checkpoint exists: none of the faults that
         # fail saves came before), then a crash, so that a relaunch has to judge the damage.
+        if not (self._can("corrupt") and not any(f.kind in ("errno", "disk_full", "power_loss") for f in self.faults)):
+            return
         when = self._at("step.begin", 0, delay)
         when.step = max(when.step, TRAINER["ckpt_every_steps"] + 1)
         self.faults.append(Fault(kind="corrupt", when=when, corruption=corruption, file=file, checkpoint=which,
@@ -300,7 +318,32 @@ class FaultSchedule(RuleBasedStateMachine):
         self._add(Fault(kind="kill", when=Trigger(**vars(when)), target="all"))
 
     def teardown(self):
+        # teardown runs in a ``finally``: when hypothesis abandons an example (StopTest: it ran out of
+        # choices while replaying or shrinking; an invalid draw) the schedule is incomplete, and a
+        # failure raised here would be dropped with the example. Run only complete schedules.
+        if sys.exc_info()[0] is not None:
+            return
         self.search.judge(self.faults, final=current_build_context().is_final)
+
+
+def _without(faults: list[Fault], i: int) -> list[Fault]:
+    """The schedule without fault ``i`` (a corrupt goes with its crash), later launches renumbered."""
+    drop = {i}
+    f = faults[i]
+    if f.kind == "corrupt" and i + 1 < len(faults):
+        drop.add(i + 1)
+    if f.kind == "kill" and i > 0 and faults[i - 1].kind == "corrupt" and faults[i - 1].when == f.when:
+        drop.add(i - 1)
+    launch = f.attempt
+    ends = any(faults[j].kind in ENDS_LAUNCH and faults[j].kind != "corrupt" for j in drop)
+    out = []
+    for j, g in enumerate(faults):
+        if j not in drop:
+            g = dataclasses.replace(g, when=dataclasses.replace(g.when))
+            if ends and g.attempt > launch:
+                g.attempt -= 1
+            out.append(g)
+    return out
 
 
 def _save_step(t: Trigger) -> int | None:
@@ -420,7 +463,7 @@ class Search:
 
     def may_run(self) -> bool:
         if self.found_at is not None:  # shrinking: its own allowance
-            return time.monotonic() - self.found_at < self.summary.shrink_s
+            return time.monotonic() - self.found_at < self.summary.shrink_s * HYPOTHESIS_SHRINK_SHARE
         return self.elapsed() < self.summary.budget_s
 
     # -- one example --------------------------------------------------------------------------
@@ -523,6 +566,26 @@ class Search:
         (self.out / "summary.json").write_text(json.dumps(sm.to_dict(), indent=1) + "\n")
         return sm
 
+    def _reduce(self, faults: list[Fault], attempt: Attempt, ident: str) -> tuple[list[Fault], Attempt]:
+        """After hypothesis's shrink, drop one fault at a time (last first) and keep each removal after
+        which the schedule still fails the same way, until no fault can go or the shrink time is spent."""
+        i = len(faults) - 1
+        while i >= 0 and time.monotonic() - self.found_at < self.summary.shrink_s:
+            smaller = _without(faults, i)
+            try:
+                s = build(smaller, self.trainer_module) if smaller else None
+            except ScenarioError:
+                s = None
+            if s is not None:
+                key = s.to_toml()
+                a = self.cache.get(key) or self._run(s)
+                self.cache[key] = a
+                if a.identity == ident:
+                    faults, attempt = smaller, a
+                    i = min(i, len(faults))
+            i -= 1
+        return faults, attempt
+
     def _report(self, failure: ScheduleFailed) -> None:
         """Write the shrunk schedule out, load it back, run it again; a finding only if it fails the same way."""
         ident = next(i for i, t in _FAILURE_TYPES.items() if isinstance(failure, t))
@@ -531,6 +594,7 @@ class Search:
         if faults is None:  # hypothesis replays the shrunk example once more; that is where it comes from
             self.summary.error = f"no final replay recorded for {ident}"
             return
+        faults, attempt = self._reduce(faults, attempt, ident)
         name = f"explore-{re.sub(r'[^a-z0-9]+', '-', ident.lower()).strip('-')}-{attempt.name[-6:]}"
         reference = self.trainer_module == "reference_trainer"
         s = build(faults, self.trainer_module, name=name, suites=("default",) if reference else ("explore",),
