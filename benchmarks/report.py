@@ -150,8 +150,9 @@ each soak run is {{ "%.0f"|format(d.horizon_s) }} s of useful work with a handfu
 one draw from a wide distribution: the Monte Carlo over the same horizon gives its 5-95 % range, and the measured
 runs are to be judged against that range, not against the mean. The model also takes every restart and every save
 to cost the same (they vary with the machine's load: here two ranks, the harness and the kernel's writeback share
-two cores), and a kill to lose all work since the last save exactly: in the real job it loses whole steps, plus
-the partly done one.</p>{% endif %}
+two cores), and work to proceed at one rate: in the real job the steps between frequent saves run slower than in the
+fault-free run that useful work is counted in (writing and hashing the checkpoint competes for the same two
+cores; README, "Measured here"), which shows at the shortest interval as measured below predicted in every run.</p>{% endif %}
 
 {% if s.cadence %}<h2 id="cadence">Cadence for these costs</h2>
 <p class="note">What <code>ckpt-chaos cadence --save-s {{ "%.3f"|format(s.cadence.save) }} --restart-s
