@@ -10,6 +10,14 @@ power loss) moves the story to the next launch, where the recovery points (``tra
 ``load.begin``, ``load.end``) become reachable. Triggers count events (a step number, the
 checkpoint's name, a rank, a fraction of a shard), never time, so a schedule replays exactly.
 
+Two more families are off by default, each a mixin of rules (``machine_for``), so a search without
+them runs the class it always ran and its seeds draw the same schedules: ``topology`` (every
+relaunch comes back on half the ranks; faults of the relaunches are aimed at ranks that exist
+there, and the trajectory is compared within the catalogue's tolerance) and ``remote`` (the
+uploader killed mid-object, the node's disk lost mid-upload or after a checkpoint became durable,
+a reset or a stall on the upload link healed before the final save; moto and the fault proxy make
+such a run ~2 s longer).
+
 Each example is one real run (``runner.run_scenario``: torchrun, the probe, the nemesis, the
 relaunches), made once, in ``teardown``, after the rules have built the schedule; the harness's
 checkers are the invariant. A failed check raises, and hypothesis shrinks the schedule.
@@ -66,7 +74,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 from .launcher import REPO_ROOT
-from .scenario import Expect, Fault, Recovery, Scenario, ScenarioError, Storage, Trigger, load, validate
+from .scenario import Expect, Fault, Recovery, Remote, Scenario, ScenarioError, Storage, Trigger, load, validate
 
 # A small job: 2 ranks, 8 steps, a checkpoint every 2 steps (4 saves); a launch takes 10-15 s on this
 # 2-core machine, most of it torchrun, imports and process groups.
@@ -79,11 +87,19 @@ MAX_LAUNCHES = 2  # launch-ending faults per schedule: a relaunch costs 10-15 s 
 KINDS: dict[str, tuple[str, ...]] = {
     "process": ("kill", "term", "stop", "raise"),
     "storage": ("errno", "disk_full", "slow", "power_loss", "corrupt"),
+    # Not a fault: every relaunch comes back on fewer ranks (a node lost for good). Its own family, off by
+    # default: the trajectory is then compared within a tolerance, and the default search stays as it was.
+    "topology": ("resize",),
+    # The remote tier (moto's S3 and the fault proxy, ~2 s more per run): the uploader killed mid-object,
+    # the node's disk lost mid-upload, a reset on the upload link. Off by default, like topology.
+    "remote": ("kill_uploader", "lose_disk", "toxic"),
 }
 DEFAULT_FAMILIES = ("process", "storage")
-ENDS_LAUNCH = ("kill", "term", "stop", "raise", "power_loss", "corrupt")  # corrupt comes with a kill
+ENDS_LAUNCH = ("kill", "term", "stop", "raise", "power_loss", "corrupt", "lose_disk")  # corrupt comes with a kill
 # Storage faults that may fail saves: the work lost to a crash is then not bounded by one interval.
 FAILS_SAVES = ("errno", "disk_full", "corrupt")
+# Faults that take the node's disk: the relaunch restores from the remote tier, maybe an older checkpoint.
+LOSES_DISK = ("lose_disk",)
 # Of a failure's shrinking time, hypothesis's shrinker gets this share; a fault-level deletion pass
 # (``Search._reduce``) the rest: at 30-60 s a run, hypothesis alone gets through few candidates.
 HYPOTHESIS_SHRINK_SHARE = 0.5
@@ -141,20 +157,45 @@ def failure_type(ident: str) -> type[ScheduleFailed]:
 def expected(faults: list[Fault]) -> Expect:
     """What a correct trainer guarantees under any of these schedules (module docstring)."""
     interval = TRAINER["ckpt_every_steps"]
-    lost = TRAINER["max_steps"] if any(f.kind in FAILS_SAVES for f in faults) else interval
+    lost = TRAINER["max_steps"] if any(f.kind in FAILS_SAVES + LOSES_DISK for f in faults) else interval
     return Expect(trajectory="bit-exact", max_lost_steps=lost, deadline_s=300.0)
 
 
+def _on_world(f: Fault, world: int) -> Fault:
+    """A fault of a relaunch at a smaller world size, aimed at ranks that still exist there."""
+    if world >= WORLD_SIZE or f.attempt == 0:
+        return f
+    f = dataclasses.replace(f, when=dataclasses.replace(f.when))
+    if f.when.rank is not None and f.when.rank >= world:
+        f.when.rank = world - 1
+    if f.target.startswith(("rank:", "ranks:")):
+        f.target = "all" if f.target.startswith("ranks:") else f"rank:{min(int(f.target[5:]), world - 1)}"
+    f.path = re.sub(r"__(\d+)_0", lambda m: f"__{min(int(m.group(1)), world - 1)}_0", f.path)
+    return f
+
+
 def build(faults: list[Fault], trainer_module: str, name: str | None = None, description: str = "",
-          suites: tuple[str, ...] = ("explore",)) -> Scenario:
-    """The scenario of a schedule; its name is a hash of its content, so a schedule has one name."""
+          suites: tuple[str, ...] = ("explore",), world_after: int | None = None) -> Scenario:
+    """The scenario of a schedule; its name is a hash of its content, so a schedule has one name.
+
+    ``world_after``: the relaunches run at this world size (the topology family); faults of the
+    relaunches are aimed at the ranks that exist there, and the trajectory is compared within the
+    catalogue's tolerance, as bit-exactness across a world-size change is not promised (README)."""
+    if world_after is not None:
+        faults = [_on_world(f, world_after) for f in faults]
     launches = max((f.attempt for f in faults), default=0) + 1
+    remote = any(f.kind in KINDS["remote"] or f.target == "uploader" for f in faults)
     s = Scenario(name="explore", faults=list(faults), description=description, tags=["explore"],
-                 suites=list(suites), world_size=WORLD_SIZE, trainer_module=trainer_module, trainer=dict(TRAINER),
+                 suites=list(suites), world_size=WORLD_SIZE, trainer_module=trainer_module,
+                 # with uploads, steps slow enough that an upload is under way when a fault aims at it
+                 trainer={**TRAINER, "step_delay_s": 0.2} if remote else dict(TRAINER),
+                 remote=Remote() if remote else None,
                  storage=Storage(fs="tmpfs", size_mb=16) if any(f.kind == "disk_full" for f in faults) else Storage(),
                  # one spare relaunch: a storage fault may end a launch the story meant to go on
-                 recovery=Recovery(relaunch="harness", max_restarts=launches),
+                 recovery=Recovery(relaunch="harness", max_restarts=launches, world_size=world_after),
                  expect=expected(faults))
+    if world_after is not None and world_after != WORLD_SIZE:
+        s.expect.trajectory = "tolerance"
     if name is None:
         digest = hashlib.sha256(s.to_toml().encode()).hexdigest()[:10]
         name = f"explore-{digest}"
@@ -178,6 +219,7 @@ class FaultSchedule(RuleBasedStateMachine):
         self.launch = 0
         self.step = 1  # the first step a new fault of this launch may target
         self.fresh = False  # a relaunch that has trained nothing yet: recovery points come first
+        self.world_after: int | None = None  # topology: the relaunches' world size
 
     # -- the story's cursor -------------------------------------------------------------------
 
@@ -209,7 +251,7 @@ class FaultSchedule(RuleBasedStateMachine):
     def _add(self, fault: Fault) -> None:
         fault.attempt = self.launch
         self.faults.append(fault)
-        if fault.kind in ENDS_LAUNCH:
+        if _ends_launch(fault):
             # The next launch resumes at or before the step this one reached, so every later step
             # is certain to come again; recovery points come first.
             reached = fault.when.step or _save_step(fault.when) or self.step
@@ -323,7 +365,70 @@ class FaultSchedule(RuleBasedStateMachine):
         # failure raised here would be dropped with the example. Run only complete schedules.
         if sys.exc_info()[0] is not None:
             return
-        self.search.judge(self.faults, final=current_build_context().is_final)
+        self.search.judge(self.faults, final=current_build_context().is_final, world_after=self.world_after)
+
+
+def _ends_launch(f: Fault) -> bool:
+    return f.kind in ENDS_LAUNCH and f.target != "uploader"  # the uploader dies alone; training goes on
+
+
+# The optional families' rules live in mixins: a search without them runs the very class it ran
+# before they existed, so its seeds draw the same schedules.
+class _TopologyRules:
+    @rule()
+    def resize(self):
+        """Every relaunch comes back on half the ranks (a node lost for good)."""
+        if "resize" in self.kinds:
+            self.world_after = WORLD_SIZE // 2
+
+
+class _RemoteRules:
+    def _upload(self, point: str, delay: int, fraction: float | None = None) -> Trigger | None:
+        """A trigger in the upload of the first checkpoint at or after the cursor (+ delay), if any."""
+        every, max_steps = TRAINER["ckpt_every_steps"], TRAINER["max_steps"]
+        save = -(-min(self.step + delay, max_steps) // every) * every
+        if save > max_steps:
+            return None
+        self.fresh = False
+        return Trigger(point=point, name=f"step_{save:08d}", min_fraction=fraction or None)
+
+    @rule(delay=st.integers(0, 3), fraction=st.sampled_from((0.0, 0.5)))
+    def kill_uploader(self, delay, fraction):
+        if self._can("kill_uploader") and (when := self._upload("upload.write", delay, fraction)):
+            self._add(Fault(kind="kill", when=when, target="uploader"))
+
+    @rule(delay=st.integers(0, 3), point=st.sampled_from(("upload.write", "upload.durable")))
+    def lose_disk(self, delay, point):
+        if self._can("lose_disk") and (when := self._upload(point, delay, 0.5 if point == "upload.write" else None)):
+            self._add(Fault(kind="lose_disk", when=when, target="node:0"))
+
+    @rule(delay=st.integers(0, 3), toxic=st.sampled_from(("reset_peer", "timeout")))
+    def toxic(self, delay, toxic):
+        # Healed at the end of the last step, before the final save: a link that stays broken to the end
+        # would fail final_durable for any trainer. Only on an early checkpoint's upload, so that it has
+        # begun (or been skipped for a newer one) well before that heal.
+        when = self._upload("upload.begin", delay) if self._can("toxic") else None
+        if when is None or _save_step(when) > TRAINER["max_steps"] - 2 * TRAINER["ckpt_every_steps"]:
+            return
+        self.faults.append(Fault(kind="toxic", when=when, link="remote", toxic=toxic, attributes={"timeout": 0},
+                                 attempt=self.launch))
+        self.faults.append(Fault(kind="heal", when=Trigger(point="step.end", rank=0, step=TRAINER["max_steps"]),
+                                 attempt=self.launch))
+
+
+_MIXINS = {"resize": _TopologyRules, "kill_uploader": _RemoteRules}
+_MACHINES: dict[tuple, type] = {}
+
+
+def machine_for(kinds: set[str]) -> type[FaultSchedule]:
+    """The state machine with the rules of the families searched."""
+    mixins = tuple(m for k, m in _MIXINS.items() if k in kinds)
+    if not mixins:
+        return FaultSchedule
+    if mixins not in _MACHINES:
+        _MACHINES[mixins] = type("FaultSchedule+" + "+".join(m.__name__.strip("_") for m in mixins),
+                                 (*mixins, FaultSchedule), {})
+    return _MACHINES[mixins]
 
 
 def _without(faults: list[Fault], i: int) -> list[Fault]:
@@ -334,8 +439,12 @@ def _without(faults: list[Fault], i: int) -> list[Fault]:
         drop.add(i + 1)
     if f.kind == "kill" and i > 0 and faults[i - 1].kind == "corrupt" and faults[i - 1].when == f.when:
         drop.add(i - 1)
+    if f.kind == "toxic" and i + 1 < len(faults) and faults[i + 1].kind == "heal":  # a toxic goes with its heal
+        drop.add(i + 1)
+    if f.kind == "heal" and i > 0 and faults[i - 1].kind == "toxic":
+        drop.add(i - 1)
     launch = f.attempt
-    ends = any(faults[j].kind in ENDS_LAUNCH and faults[j].kind != "corrupt" for j in drop)
+    ends = any(_ends_launch(faults[j]) and faults[j].kind != "corrupt" for j in drop)
     out = []
     for j, g in enumerate(faults):
         if j not in drop:
@@ -454,7 +563,7 @@ class Search:
         self.found_at: float | None = None  # when the failure being shrunk was found
         self.first_seen: dict[str, float] = {}
         self.shrink_runs = 0
-        self.final: list[tuple[list[Fault], Attempt]] = []
+        self.final: list[tuple[list[Fault], int | None, Attempt]] = []
 
     # -- the clock ----------------------------------------------------------------------------
 
@@ -468,11 +577,11 @@ class Search:
 
     # -- one example --------------------------------------------------------------------------
 
-    def judge(self, faults: list[Fault], final: bool = False) -> None:
+    def judge(self, faults: list[Fault], final: bool = False, world_after: int | None = None) -> None:
         """Run the schedule (or recall its verdict) and raise if it failed in a new way."""
         if not faults:
             return  # no fault, nothing to learn: the golden run already is that run
-        s = build(faults, self.trainer_module)
+        s = build(faults, self.trainer_module, world_after=world_after)
         key = s.to_toml()
         attempt = self.cache.get(key)
         if attempt is not None:
@@ -484,7 +593,7 @@ class Search:
             attempt = self._run(s)
             self.cache[key] = attempt
         if final:
-            self.final.append((list(faults), attempt))
+            self.final.append((list(faults), world_after, attempt))
         if attempt.identity is None or attempt.identity in self.known:
             return
         if self.found_at is None:
@@ -542,7 +651,8 @@ class Search:
         round_no = 0
         while self.elapsed() < sm.budget_s:
             self.found_at, self.shrink_runs, self.final = None, 0, []
-            factory = lambda: FaultSchedule(self)  # noqa: E731
+            machine = machine_for(self.kinds)
+            factory = lambda: machine(self)  # noqa: E731
             if self.seed is not None:
                 factory = hypothesis_seed(self.seed + round_no)(factory)
             sm.rounds += 1
@@ -566,38 +676,52 @@ class Search:
         (self.out / "summary.json").write_text(json.dumps(sm.to_dict(), indent=1) + "\n")
         return sm
 
-    def _reduce(self, faults: list[Fault], attempt: Attempt, ident: str) -> tuple[list[Fault], Attempt]:
-        """After hypothesis's shrink, drop one fault at a time (last first) and keep each removal after
-        which the schedule still fails the same way, until no fault can go or the shrink time is spent."""
+    def _try(self, faults: list[Fault], world_after: int | None, ident: str) -> Attempt | None:
+        """The attempt of this schedule if it fails as ``ident`` (run, or recalled from the cache)."""
+        try:
+            s = build(faults, self.trainer_module, world_after=world_after) if faults else None
+        except ScenarioError:
+            return None
+        if s is None:
+            return None
+        key = s.to_toml()
+        a = self.cache.get(key) or self._run(s)
+        self.cache[key] = a
+        return a if a.identity == ident else None
+
+    def _reduce(self, faults: list[Fault], world_after: int | None, attempt: Attempt,
+                ident: str) -> tuple[list[Fault], int | None, Attempt]:
+        """After hypothesis's shrink, drop the resize (if any), then one fault at a time (last first),
+        keeping each removal after which the schedule still fails the same way, until nothing can go
+        or the shrink time is spent."""
+        def time_left() -> bool:
+            return time.monotonic() - self.found_at < self.summary.shrink_s
+
+        if world_after is not None and time_left() and (a := self._try(faults, None, ident)):
+            world_after, attempt = None, a
         i = len(faults) - 1
-        while i >= 0 and time.monotonic() - self.found_at < self.summary.shrink_s:
+        while i >= 0 and time_left():
             smaller = _without(faults, i)
-            try:
-                s = build(smaller, self.trainer_module) if smaller else None
-            except ScenarioError:
-                s = None
-            if s is not None:
-                key = s.to_toml()
-                a = self.cache.get(key) or self._run(s)
-                self.cache[key] = a
-                if a.identity == ident:
-                    faults, attempt = smaller, a
-                    i = min(i, len(faults))
+            if a := self._try(smaller, world_after, ident):
+                faults, attempt = smaller, a
+                i = min(i, len(faults))
             i -= 1
-        return faults, attempt
+        return faults, world_after, attempt
 
     def _report(self, failure: ScheduleFailed) -> None:
         """Write the shrunk schedule out, load it back, run it again; a finding only if it fails the same way."""
         ident = next(i for i, t in _FAILURE_TYPES.items() if isinstance(failure, t))
         self.known.add(ident)
-        faults, attempt = next(((f, a) for f, a in reversed(self.final) if a.identity == ident), (None, None))
+        faults, world_after, attempt = next(((f, w, a) for f, w, a in reversed(self.final) if a.identity == ident),
+                                            (None, None, None))
         if faults is None:  # hypothesis replays the shrunk example once more; that is where it comes from
             self.summary.error = f"no final replay recorded for {ident}"
             return
-        faults, attempt = self._reduce(faults, attempt, ident)
+        faults, world_after, attempt = self._reduce(faults, world_after, attempt, ident)
         name = f"explore-{re.sub(r'[^a-z0-9]+', '-', ident.lower()).strip('-')}-{attempt.name[-6:]}"
         reference = self.trainer_module == "reference_trainer"
         s = build(faults, self.trainer_module, name=name, suites=("default",) if reference else ("explore",),
+                  world_after=world_after,
                   description=f"found by ckpt-chaos explore (seed {self.seed}): fails {ident}")
         self.regressions.mkdir(parents=True, exist_ok=True)
         path = self.regressions / f"{name}.toml"

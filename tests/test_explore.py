@@ -56,6 +56,28 @@ def test_generated_schedules_validate_round_trip_and_follow_the_story(tmp_path):
     assert len(single_kind) >= 3
 
 
+def test_the_topology_family_relaunches_on_fewer_ranks_and_aims_at_ranks_that_exist(tmp_path):
+    seen = []
+
+    def runner(s, out, golden):
+        text = s.to_toml()
+        assert from_dict(tomllib.loads(text), "round-trip", s.name).to_toml() == text
+        seen.append(s)
+        return _result(s, {})
+
+    sm = Search(runner=runner, families=("process", "topology"), budget_s=300, database=None, seed=5,
+                out=tmp_path).run()
+    assert not sm.error and not sm.findings
+    resized = [s for s in seen if s.recovery.world_size == 1]
+    assert resized and len(resized) < len(seen)  # swarm: some examples resize, some do not
+    for s in resized:
+        assert s.expect.trajectory == "tolerance" and "topology" in s.labels
+        for f in s.faults:
+            if f.attempt > 0:  # the relaunches run on rank 0 alone
+                assert f.when.rank in (None, 0) and f.target in ("triggering", "all", "rank:0")
+    assert all(s.expect.trajectory == "bit-exact" for s in seen if s.recovery.world_size is None)
+
+
 def test_unfired_faults_are_not_findings():
     checks = [{"name": "fault_0_fired", "verdict": "fail", "detail": ""},
               {"name": "fault_1_surfaced", "verdict": "fail", "detail": ""},
@@ -116,3 +138,29 @@ def test_search_finds_rng_not_saved_and_shrinks_it_to_a_reproducing_file(tmp_pat
     # The written file fails the same way under the real runner (the search already did this once).
     r = run_scenario(s, tmp_path / "again", tmp_path / "golden")
     assert r.verdict == "fail" and "rng state differs" in r.reason
+
+
+def test_the_remote_family_builds_valid_remote_scenarios(tmp_path):
+    seen = []
+
+    def runner(s, out, golden):
+        text = s.to_toml()
+        assert from_dict(tomllib.loads(text), "round-trip", s.name).to_toml() == text
+        seen.append(s)
+        return _result(s, {})
+
+    sm = Search(runner=runner, families=("process", "remote"), budget_s=300, database=None, seed=7,
+                out=tmp_path).run()
+    assert not sm.error and not sm.findings
+    remote = [s for s in seen if s.remote is not None]
+    kinds = collections.Counter(f.kind for s in remote for f in s.faults)
+    assert kinds["lose_disk"] and kinds["toxic"] and any(f.target == "uploader" for s in remote for f in s.faults)
+    for s in remote:
+        assert s.trainer["step_delay_s"] > 0  # uploads are under way when faults aim at them
+        for i, f in enumerate(s.faults):
+            if f.kind == "toxic":  # healed before the final save, or final_durable would fail any trainer
+                assert s.faults[i + 1].kind == "heal" and s.faults[i + 1].when.step == TRAINER["max_steps"]
+            if f.target == "uploader" and i + 1 < len(s.faults):  # the uploader's death does not end the launch
+                assert s.faults[i + 1].attempt == f.attempt
+    assert all(s.remote is None for s in seen if not any(f.kind in ("lose_disk", "toxic") or f.target == "uploader"
+                                                         for f in s.faults))
