@@ -295,7 +295,9 @@ class FaultSchedule(RuleBasedStateMachine):
     @rule(place=st.sampled_from(STEP_POINTS + SAVE_POINTS), rank=st.integers(0, WORLD_SIZE - 1),
           delay=st.integers(0, 3))
     def stop(self, place, rank, delay):
-        if not (self._can("stop")):
+        # A stopped rank is noticed by its peers' collective timeout; a relaunch on one rank has no peer,
+        # and the job would hang for any trainer (see _TopologyRules.resize).
+        if not self._can("stop") or (self.world_after == 1 and self.launch > 0):
             return
         self._add(Fault(kind="stop", when=self._at(place, rank, delay), target="triggering"))
 
@@ -378,7 +380,8 @@ class _TopologyRules:
     @rule()
     def resize(self):
         """Every relaunch comes back on half the ranks (a node lost for good)."""
-        if "resize" in self.kinds:
+        if "resize" in self.kinds and not (WORLD_SIZE // 2 == 1 and any(f.kind == "stop" and f.attempt > 0
+                                                                         for f in self.faults)):
             self.world_after = WORLD_SIZE // 2
 
 

@@ -73,8 +73,9 @@ def test_the_topology_family_relaunches_on_fewer_ranks_and_aims_at_ranks_that_ex
     for s in resized:
         assert s.expect.trajectory == "tolerance" and "topology" in s.labels
         for f in s.faults:
-            if f.attempt > 0:  # the relaunches run on rank 0 alone
+            if f.attempt > 0:  # the relaunches run on rank 0 alone, and a stop there would hang any trainer
                 assert f.when.rank in (None, 0) and f.target in ("triggering", "all", "rank:0")
+                assert f.kind != "stop"
     assert all(s.expect.trajectory == "bit-exact" for s in seen if s.recovery.world_size is None)
 
 
