@@ -2,7 +2,7 @@
 finds against the correct trainer in the same budget.
 
 For each planted-bug trainer (with the process and storage families; process and topology for the
-bug only a world-size change shows, process and remote for the uploader's), and each
+bug only a world-size change shows, remote alone for the uploader's), and each
 seed: one search (``harness.explore.Search``, no example database, so nothing is remembered
 between rounds) with a time budget for generation and one for shrinking, stopped at its first
 finding. Recorded: whether it found the bug, the time from the start to the first failing run,
@@ -38,7 +38,7 @@ PLANTED = ("rng_not_saved", "rng_not_restored", "loader_not_restored", "optimize
            "save_swallows_enospc", "loader_trusts_newest", "loader_drops_ranks", "uploader_marks_durable_early")
 DEFAULT_FAMILIES = ("process", "storage")
 # A bug that only a relaunch on another world size shows is searched with the topology family.
-FAMILIES = {"loader_drops_ranks": ("process", "topology"), "uploader_marks_durable_early": ("process", "remote")}
+FAMILIES = {"loader_drops_ranks": ("process", "topology"), "uploader_marks_durable_early": ("remote",)}
 RESULTS = Path(__file__).resolve().parent / "results" / "explore_planted.json"
 
 

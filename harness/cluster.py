@@ -78,10 +78,10 @@ def ensure_engine(log_dir: Path = REPO_ROOT / "runs") -> str | None:
         if os.geteuid() != 0:
             return "no Docker engine runs and starting dockerd needs root"
         log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(log_dir / "dockerd.log", "ab")
-        subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
-        log.close()
+        # A system daemon that outlives this process: started through a shell that exits at once, so that
+        # dockerd is not our child (nothing of ours reaps it, and "no child left behind" stays true).
+        subprocess.run(["/bin/sh", "-c", '"$0" >>"$1" 2>&1 </dev/null &', dockerd, str(log_dir / "dockerd.log")],
+                       start_new_session=True, check=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             time.sleep(0.5)

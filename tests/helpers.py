@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +38,16 @@ def log_tail(run_dir: Path, n: int = 40) -> str:
     return "\n".join(path.read_text().splitlines()[-n:]) if path.exists() else "(no log)"
 
 
-def start_cli(tmp_path: Path, scenario: str) -> subprocess.Popen:
+def _ctrl_c_as_in_a_terminal() -> None:
+    # A job started in the background by a shell without job control (CI often is) inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler: the CLI under test is meant to be
+    # the foreground program a user presses Ctrl-C in.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_cli(tmp_path: Path, scenario: str, reports: Path | None = None) -> subprocess.Popen:
     """``ckpt-chaos run SCENARIO`` as a child process (to interrupt or SIGKILL it), output piped."""
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", scenario, "--reports", str(tmp_path / "r"),
-                             "--golden-dir", str(tmp_path / "golden")],
-                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", scenario, "--reports",
+                             str(reports or tmp_path / "r"), "--golden-dir", str(tmp_path / "golden")],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
-from harness.launcher import REPO_ROOT
+from tests.helpers import start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +26,7 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
 
 def test_ctrl_c_mid_scenario_kills_every_process_and_exits_130(tmp_path):
     reports = tmp_path / "reports"
-    cli = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "kill-node-mid-training",
-                            "--reports", str(reports), "--golden-dir", str(tmp_path / "golden")],
-                           cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cli = start_cli(tmp_path, "kill-node-mid-training", reports=reports)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(processes_mentioning(str(reports))) < 2:
