@@ -276,20 +276,32 @@ class UploadQueue:
                 self.proc.wait()
         self.log("upload_queued", name=name, stall_s=time.perf_counter() - started)
 
-    def close(self, timeout_s: float) -> None:
-        """Let the uploader finish what it has (up to ``timeout_s``), then stop it."""
-        if self.proc is None:
-            return
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(max(timeout_s, 0.0))
-        except subprocess.TimeoutExpired:
-            self.log("upload_drain_timeout", timeout_s=timeout_s)
-            self.proc.kill()
-            self.proc.wait()
+    def close(self, timeout_s: float, respawns: int = 3) -> None:
+        """Let the uploader finish what it has (up to ``timeout_s``), then stop it.
+
+        An uploader that dies on the way (killed mid-object: it exits 0 whatever its uploads did) is
+        replaced while time is left; the new one starts with the newest committed checkpoint that is
+        not durable, so the last checkpoint of the run still gets uploaded. Without this, nothing
+        after training would ever submit again and the final checkpoint stayed local only (found by
+        ``ckpt-chaos explore --families remote``)."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while self.proc is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                rc = self.proc.wait(max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                self.log("upload_drain_timeout", timeout_s=timeout_s)
+                self.proc.kill()
+                self.proc.wait()
+                return
+            if rc == 0 or respawns <= 0 or time.monotonic() >= deadline:
+                return
+            self.log("uploader_died", pid=self.proc.pid, rc=rc)
+            respawns -= 1
+            self._spawn()
 
 
 def _die_with_parent() -> None:
