@@ -25,17 +25,21 @@ def _result(s, failed: dict[str, str]) -> Result:
                   reason="; ".join(f"{n}: {d}" for n, d in failed.items()))
 
 
-def test_generated_schedules_validate_round_trip_and_follow_the_story(tmp_path):
-    seen = []
-
+def _round_tripping_runner(seen: list):
+    """A runner that checks each generated scenario validates and survives TOML unchanged (as
+    `ckpt-chaos run FILE` would load it), keeps it in ``seen``, and passes it without training."""
     def runner(s, out, golden):
         text = s.to_toml()
-        again = from_dict(tomllib.loads(text), "round-trip", s.name)  # validates, as `ckpt-chaos run` would
-        assert again.to_toml() == text
+        assert from_dict(tomllib.loads(text), "round-trip", s.name).to_toml() == text
         seen.append(s)
         return _result(s, {})
 
-    sm = Search(runner=runner, budget_s=400, database=None, seed=3, out=tmp_path).run()
+    return runner
+
+
+def test_generated_schedules_validate_round_trip_and_follow_the_story(tmp_path):
+    seen = []
+    sm = Search(runner=_round_tripping_runner(seen), budget_s=400, database=None, seed=3, out=tmp_path).run()
     assert sm.schedules == len(seen) >= 40 and not sm.findings and not sm.error
     kinds = collections.Counter(f.kind for s in seen for f in s.faults)
     assert set(kinds) == {"kill", "term", "stop", "raise", "errno", "disk_full", "slow", "power_loss", "corrupt"}
@@ -58,14 +62,7 @@ def test_generated_schedules_validate_round_trip_and_follow_the_story(tmp_path):
 
 def test_the_topology_family_relaunches_on_fewer_ranks_and_aims_at_ranks_that_exist(tmp_path):
     seen = []
-
-    def runner(s, out, golden):
-        text = s.to_toml()
-        assert from_dict(tomllib.loads(text), "round-trip", s.name).to_toml() == text
-        seen.append(s)
-        return _result(s, {})
-
-    sm = Search(runner=runner, families=("process", "topology"), budget_s=300, database=None, seed=5,
+    sm = Search(runner=_round_tripping_runner(seen), families=("process", "topology"), budget_s=300, database=None, seed=5,
                 out=tmp_path).run()
     assert not sm.error and not sm.findings
     resized = [s for s in seen if s.recovery.world_size == 1]
@@ -143,14 +140,7 @@ def test_search_finds_rng_not_saved_and_shrinks_it_to_a_reproducing_file(tmp_pat
 
 def test_the_remote_family_builds_valid_remote_scenarios(tmp_path):
     seen = []
-
-    def runner(s, out, golden):
-        text = s.to_toml()
-        assert from_dict(tomllib.loads(text), "round-trip", s.name).to_toml() == text
-        seen.append(s)
-        return _result(s, {})
-
-    sm = Search(runner=runner, families=("process", "remote"), budget_s=300, database=None, seed=7,
+    sm = Search(runner=_round_tripping_runner(seen), families=("process", "remote"), budget_s=300, database=None, seed=7,
                 out=tmp_path).run()
     assert not sm.error and not sm.findings
     remote = [s for s in seen if s.remote is not None]
