@@ -107,10 +107,10 @@ def build(out: Path) -> Path:
     else:
         costs = None
     sections["cadence"] = cadence_section(costs, out) if costs else None
-    others = {name: generic_section(_load(name)) for name in ("storage_stall", "remote_upload", "backend_startup")
-              if _load(name)}
-    html = _TEMPLATE.render(s=sections, others=others, missing=[n for n in ("checkpoint_overhead", "soak_goodput")
-                                                                 if _load(n) is None])
+    loaded = {name: _load(name) for name in ("storage_stall", "remote_upload", "backend_startup")}
+    others = {name: generic_section(d) for name, d in loaded.items() if d}
+    missing = [n for n, d in (("checkpoint_overhead", overhead), ("soak_goodput", soak)) if d is None]
+    html = _TEMPLATE.render(s=sections, others=others, missing=missing)
     (out / "index.html").write_text(html)
     return out / "index.html"
 

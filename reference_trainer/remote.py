@@ -279,8 +279,8 @@ class UploadQueue:
     def close(self, timeout_s: float, respawns: int = 3) -> None:
         """Let the uploader finish what it has (up to ``timeout_s``), then stop it.
 
-        An uploader that dies on the way (killed mid-object: it exits 0 whatever its uploads did) is
-        replaced while time is left; the new one starts with the newest committed checkpoint that is
+        An uploader that dies on the way (a non-zero exit: it exits 0 when it has finished, whether
+        its uploads succeeded or not) is replaced while time is left; the new one starts with the newest committed checkpoint that is
         not durable, so the last checkpoint of the run still gets uploaded. Without this, nothing
         after training would ever submit again and the final checkpoint stayed local only (found by
         ``ckpt-chaos explore --families remote``)."""
