@@ -69,6 +69,32 @@ class TrainState:
     progress: Progress = field(default_factory=Progress)
 
 
+def init_optimizer_state(optimizer: torch.optim.AdamW) -> None:
+    """Create AdamW's per-parameter state now, exactly as its first step would (step 0, zero moments).
+
+    AdamW creates its state lazily at the first ``step()``, and torch's ``get_state_dict`` fills a
+    stateless optimizer by taking a step with lr 0 (leaving the step count at 1), but only when no
+    gradients exist. So a checkpoint taken before the first optimizer step held no optimizer state
+    when taken mid-accumulation, and a resume from it failed with "Missing key in checkpoint
+    state_dict: optim.state..." (found by ``ckpt-chaos explore``: a SIGTERM one micro-batch into
+    step 1). With the state made up front, every checkpoint has the same keys and the first step
+    is bit-identical to a lazily initialized one (tests/test_reference_trainer_state.py)."""
+    if not isinstance(optimizer, torch.optim.AdamW):
+        raise TypeError(f"init_optimizer_state knows AdamW's state, not {type(optimizer).__name__}'s")
+    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # as AdamW's own
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state[param]
+            if state:
+                continue
+            state["step"] = (torch.zeros((), dtype=torch.float32, device=param.device)
+                             if group["capturable"] or group["fused"] else torch.tensor(0.0, dtype=scalar, device="cpu"))
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+
 # ---- RNG -------------------------------------------------------------------------------
 
 def seed_rank_rng(seed: int, rank: int, step: int = 0) -> None:

@@ -39,7 +39,8 @@ from .checkpoint import CheckpointManager
 from .config import ConfigError, TrainConfig, resume_mismatches
 from .data import build_loader
 from .model import GPT, loss_fn
-from .state import TrainState, component_digests, digest, float_hex, load_checkpoint, model_optimizer_digest, seed_rank_rng
+from .state import (TrainState, component_digests, digest, float_hex, init_optimizer_state, load_checkpoint,
+                    model_optimizer_digest, seed_rank_rng)
 
 PROCESS_ID = uuid.uuid4().hex[:8]
 
@@ -126,6 +127,7 @@ def build_state(cfg: TrainConfig, rank: int, world_size: int, device: torch.devi
     fully_shard(model, mesh=mesh, mp_policy=mp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                   weight_decay=cfg.weight_decay)
+    init_optimizer_state(optimizer)  # so a checkpoint before the first step has the optimizer's keys too
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     loader, sampler = build_loader(cfg, rank, world_size)
     seed_rank_rng(cfg.seed, rank)
