@@ -85,6 +85,19 @@ def soak_section(d: dict) -> dict:
     return {"table": _table(pd.DataFrame(rows)), "plot": _svg(svg) if svg.exists() else "", "d": d}
 
 
+def explore_section(d: dict) -> dict:
+    """Per trainer (and families): how many searches found something, the median time to find,
+    the largest shrunk schedule, and the schedules per minute."""
+    rows = []
+    for trainer, s in d["summary"].items():
+        rows.append({"trainer [families]": trainer, "found / searches": f"{s['found']} / {s['searches']}",
+                     "first failed check": ", ".join(s["identities"]) or "nothing",
+                     "median time to find s": s["median_time_to_find_s"],
+                     "shrunk to (max faults)": s["max_shrunk_faults"],
+                     "schedules": s["schedules"], "schedules / min": s["schedules_per_minute"]})
+    return {"table": _table(pd.DataFrame(rows)), "d": d, "seeds": sorted({r["seed"] for r in d["searches"]})}
+
+
 def generic_section(d: dict) -> str:
     """Other benchmarks: their result blocks, flattened."""
     blocks = {k: v for k, v in d.items() if isinstance(v, dict) and k not in ("machine", "trainer", "slow")}
@@ -107,9 +120,12 @@ def build(out: Path) -> Path:
     else:
         costs = None
     sections["cadence"] = cadence_section(costs, out) if costs else None
+    explore = _load("explore_planted")
+    sections["explore"] = explore_section(explore) if explore else None
     loaded = {name: _load(name) for name in ("storage_stall", "remote_upload", "backend_startup")}
     others = {name: generic_section(d) for name, d in loaded.items() if d}
-    missing = [n for n, d in (("checkpoint_overhead", overhead), ("soak_goodput", soak)) if d is None]
+    missing = [n for n, d in (("checkpoint_overhead", overhead), ("soak_goodput", soak), ("explore_planted", explore))
+               if d is None]
     html = _TEMPLATE.render(s=sections, others=others, missing=missing)
     (out / "index.html").write_text(html)
     return out / "index.html"
@@ -159,6 +175,15 @@ cores; README, "Measured here"), which shows at the shortest interval as measure
 {{ "%.2f"|format(s.cadence.restart) }}</code> recommends for the costs measured here, at several job MTBFs (the
 plot: 1 h), with a 10-minute interval and the seed articles' rules of thumb for comparison.</p>
 {{ s.cadence.table }}{% for p in s.cadence.plots %}{{ p }}{% endfor %}{% endif %}
+
+{% if s.explore %}{% set d = s.explore.d %}<h2 id="explore">Fault-schedule search against planted bugs</h2>
+<p class="note">One <code>ckpt-chaos explore</code> search per trainer and seed (seeds {{ s.explore.seeds|join(", ") }};
+{{ "%.0f"|format(d.budget_s) }} s to find, {{ "%.0f"|format(d.shrink_s) }} s to shrink, stopped at the
+first finding, no example database): each planted bug with the fault families that reach it, and the correct trainer
+with each of those family sets, where the figure that matters is that nothing is found. Time to find: from the
+start of the search (golden runs included) to the end of the first failing run. The commands, in the order they
+ran: {{ d.commands|join("; ") }}.</p>
+{{ s.explore.table }}{% endif %}
 
 {% for name, table in others.items() %}<h2>{{ name.replace("_", " ") }}</h2>{{ table }}{% endfor %}
 </body></html>

@@ -108,4 +108,6 @@ def test_the_benchmark_report_shows_the_soak_against_the_model(tmp_path):
     for heading in ("Goodput under failures: measured against the model", "Cadence for these costs",
                     "Why measured and predicted differ", "Monte Carlo 5-95 %"):
         assert heading in text
+    if (REPO_ROOT / "benchmarks" / "results" / "explore_planted.json").exists():
+        assert "Fault-schedule search against planted bugs" in text and "tests.planted.rng_not_saved" in text
     assert text.count("<svg") >= 2 and "src=" not in text  # plots inline: the page is one file
