@@ -49,8 +49,8 @@ Budget: hypothesis has no clock, so the search keeps one. No new schedule is run
 milliseconds); a failure then gets at most ``shrink_s`` of shrinking, every run of it real
 except repeats, which are answered from a cache of verdicts keyed by the scenario's TOML (exact,
 because the same schedule fails the same way). Half of it goes to hypothesis's shrinker, the rest
-to a deletion pass over the faults of what it returned (``Search._reduce``): one run removes a
-whole fault, where the shrinker spends most of its candidates on the values inside the steps. After the shrink the scenario is written to a
+to a deletion pass over the faults of what it returned (``Search._reduce``, hangs tried first, as
+they make every run 45 s longer): one run removes a whole fault, where the shrinker spends most of its candidates on the values inside the steps. After the shrink the scenario is written to a
 file, loaded back and run once more: a failure that does not fail the same way again is
 reported as "did not reproduce", never as a finding. Then the search goes on (a new round,
 failures of a known identity no longer interesting) until the budget is spent.
@@ -458,6 +458,12 @@ def _without(faults: list[Fault], i: int) -> list[Fault]:
     return out
 
 
+def _deletion_order(faults: list[Fault]) -> list[int]:
+    """Which fault the deletion pass tries to drop first: hangs (``stop``: 45 s of collective timeout
+    in every run that keeps it, and rarely the cause), then the latest first."""
+    return sorted(range(len(faults)), key=lambda i: (faults[i].kind != "stop", -i))
+
+
 def _save_step(t: Trigger) -> int | None:
     return int(t.name[5:]) if t.name and t.name.startswith("step_") else None
 
@@ -694,21 +700,24 @@ class Search:
 
     def _reduce(self, faults: list[Fault], world_after: int | None, attempt: Attempt,
                 ident: str) -> tuple[list[Fault], int | None, Attempt]:
-        """After hypothesis's shrink, drop the resize (if any), then one fault at a time (last first),
-        keeping each removal after which the schedule still fails the same way, until nothing can go
-        or the shrink time is spent."""
+        """After hypothesis's shrink, drop the resize (if any), then one fault at a time (hangs first,
+        then the latest first), keeping each removal after which the schedule still fails the same
+        way, until no single fault can go or the shrink time is spent."""
         def time_left() -> bool:
             return time.monotonic() - self.found_at < self.summary.shrink_s
 
         if world_after is not None and time_left() and (a := self._try(faults, None, ident)):
             world_after, attempt = None, a
-        i = len(faults) - 1
-        while i >= 0 and time_left():
-            smaller = _without(faults, i)
-            if a := self._try(smaller, world_after, ident):
-                faults, attempt = smaller, a
-                i = min(i, len(faults))
-            i -= 1
+        smaller_found = True
+        while smaller_found and time_left():
+            smaller_found = False
+            for i in _deletion_order(faults):
+                if not time_left():
+                    break
+                smaller = _without(faults, i)
+                if a := self._try(smaller, world_after, ident):
+                    faults, attempt, smaller_found = smaller, a, True
+                    break  # indices moved: start over (schedules already run are answered from the cache)
         return faults, world_after, attempt
 
     def _report(self, failure: ScheduleFailed) -> None:

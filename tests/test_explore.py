@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import collections
 import tomllib
+from types import SimpleNamespace
 
 import pytest
 
-from harness.explore import MAX_LAUNCHES, TRAINER, Search, identity
+from harness.explore import MAX_LAUNCHES, TRAINER, Search, _deletion_order, identity
 from harness.runner import Result, run_scenario
 from harness.scenario import from_dict, load
 
@@ -102,6 +103,14 @@ def test_a_failure_shrinks_to_the_fault_that_causes_it_and_is_written_out(tmp_pa
     # a failure of the reference trainer is a regression: it joins the default suite
     assert s.suites == ["default"] and s.trainer_module == "reference_trainer"
     assert "Reproduce: ckpt-chaos run" in open(f.file).read()
+
+
+def test_the_deletion_pass_tries_to_drop_hangs_first():
+    """A SIGSTOP hang adds 45 s to every run that keeps it and is rarely the cause: the deletion pass
+    tries it before anything else (with 60 s of deletion time, a schedule with a hang got one run),
+    then the latest faults first."""
+    faults = [SimpleNamespace(kind=k) for k in ("kill", "stop", "errno", "stop")]
+    assert _deletion_order(faults) == [3, 1, 2, 0]
 
 
 def test_a_failure_that_does_not_reproduce_is_reported_so(tmp_path):
