@@ -49,7 +49,7 @@ Budget: hypothesis has no clock, so the search keeps one. No new schedule is run
 milliseconds); a failure then gets at most ``shrink_s`` of shrinking, every run of it real
 except repeats, which are answered from a cache of verdicts keyed by the scenario's TOML (exact,
 because the same schedule fails the same way). Half of it goes to hypothesis's shrinker, the rest
-to a deletion pass over the faults of what it returned (``Search._reduce``, hangs tried first, as
+(on its own clock, so a hang that hypothesis started late does not eat it) to a deletion pass over the faults of what it returned (``Search._reduce``, hangs tried first, as
 they make every run 45 s longer): one run removes a whole fault, where the shrinker spends most of its candidates on the values inside the steps. After the shrink the scenario is written to a
 file, loaded back and run once more: a failure that does not fail the same way again is
 reported as "did not reproduce", never as a finding. Then the search goes on (a new round,
@@ -101,7 +101,8 @@ FAILS_SAVES = ("errno", "disk_full", "corrupt")
 # Faults that take the node's disk: the relaunch restores from the remote tier, maybe an older checkpoint.
 LOSES_DISK = ("lose_disk",)
 # Of a failure's shrinking time, hypothesis's shrinker gets this share; a fault-level deletion pass
-# (``Search._reduce``) the rest: at 30-60 s a run, hypothesis alone gets through few candidates.
+# (``Search._reduce``) the rest, on its own clock: at 30-60 s a run, hypothesis alone gets through
+# few candidates.
 HYPOTHESIS_SHRINK_SHARE = 0.5
 DEFAULT_DB = REPO_ROOT / ".hypothesis" / "explore"
 REGRESSIONS = REPO_ROOT / "scenarios" / "regressions"
@@ -703,8 +704,12 @@ class Search:
         """After hypothesis's shrink, drop the resize (if any), then one fault at a time (hangs first,
         then the latest first), keeping each removal after which the schedule still fails the same
         way, until no single fault can go or the shrink time is spent."""
+        # Its own share, counted from now: a run hypothesis's shrinker started near the end of its
+        # share (a hang: 45 s more) used to leave nothing for this pass.
+        started = time.monotonic()
+
         def time_left() -> bool:
-            return time.monotonic() - self.found_at < self.summary.shrink_s
+            return time.monotonic() - started < self.summary.shrink_s * (1 - HYPOTHESIS_SHRINK_SHARE)
 
         if world_after is not None and time_left() and (a := self._try(faults, None, ident)):
             world_after, attempt = None, a
