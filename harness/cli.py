@@ -334,7 +334,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--shrink-budget", type=_duration, default=None,
                    help="time to shrink each failure found (default: half the budget, 1 to 5 minutes)")
     c.add_argument("--families", default="process,storage",
-                   help="fault families to compose: process, storage, topology (relaunches on fewer ranks)")
+                   help="fault families to compose: process, storage, topology (relaunches on fewer ranks), "
+                        "remote (the upload tier)")
     c.add_argument("--trainer", default="reference_trainer", help="python module of the trainer (-m under torchrun)")
     c.add_argument("--seed", type=int, default=None, help="fixes the schedules generated (CI)")
     c.add_argument("--max-faults", type=int, default=4, help="steps per schedule (faults and training progress)")

@@ -46,14 +46,16 @@ What is a finding, and what is not:
 
 Budget: hypothesis has no clock, so the search keeps one. No new schedule is run after
 ``budget_s`` (later examples pass without running, and hypothesis runs out of them in
-milliseconds); a failure then gets at most ``shrink_s`` of shrinking, every run of it real
-except repeats, which are answered from a cache of verdicts keyed by the scenario's TOML (exact,
-because the same schedule fails the same way). Half of it goes to hypothesis's shrinker, the rest
-(on its own clock, so a hang that hypothesis started late does not eat it) to a deletion pass over the faults of what it returned (``Search._reduce``, hangs tried first, as
-they make every run 45 s longer): one run removes a whole fault, where the shrinker spends most of its candidates on the values inside the steps. After the shrink the scenario is written to a
-file, loaded back and run once more: a failure that does not fail the same way again is
-reported as "did not reproduce", never as a finding. Then the search goes on (a new round,
-failures of a known identity no longer interesting) until the budget is spent.
+milliseconds); a failure then gets about ``shrink_s`` of shrinking, every run of it real except
+repeats, which are answered from a cache of verdicts keyed by the scenario's TOML (exact, because
+the same schedule fails the same way). Half of it goes to hypothesis's shrinker; the other half,
+on its own clock (so a run the shrinker started late, a hang of 45 s, does not eat it), to a
+deletion pass over the faults of what it returned (``Search._reduce``, hangs tried first): one run
+removes a whole fault, where the shrinker spends most of its candidates on the values inside the
+steps. After the shrink the scenario is written to a file, loaded back and run once more: a
+failure that does not fail the same way again is reported as "did not reproduce", never as a
+finding. Then the search goes on (a new round, failures of a known identity no longer
+interesting) until the budget is spent.
 """
 
 from __future__ import annotations
