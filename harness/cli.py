@@ -92,6 +92,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     skipped = [r for r in rows if r["verdict"] == "skipped"]
     for r in skipped:
         console.print(f"[yellow]SKIPPED[/] {r['scenario']}: {r['reason']}")
+    # Last, so that a CI log cut to its tail still names what failed and why.
+    for r in rows:
+        if r["verdict"] == "fail":
+            console.print(f"[red]FAILED[/] {r['scenario']}: {r['reason']}  ({r['run_dir']})")
     if skipped and args.strict:
         console.print(f"[red]--strict: {len(skipped)} scenario(s) could not run on this machine[/]")
         return 1
