@@ -95,7 +95,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Last, so that a CI log cut to its tail still names what failed and why.
     for r in rows:
         if r["verdict"] == "fail":
-            console.print(f"[red]FAILED[/] {r['scenario']}: {r['reason']}  ({r['run_dir']})")
+            console.print(f"[red]FAILED[/] {r['scenario']} ({r['run_dir']})")
+            for c in r["checks"]:
+                if c["verdict"] == "fail":
+                    console.print(f"  {c['name']}: {c['detail'][:500]}", markup=False, highlight=False, soft_wrap=True)
     if skipped and args.strict:
         console.print(f"[red]--strict: {len(skipped)} scenario(s) could not run on this machine[/]")
         return 1
