@@ -53,7 +53,7 @@ def one(module: str, families: tuple[str, ...], seed: int, budget: float, shrink
     return {"trainer": label, "families": list(families), "seed": seed, "found": bool(sm.findings), "identity": f.identity if f else None,
             "time_to_find_s": sm.first_failure_s, "shrunk_faults": f.faults if f else None,
             "reproduced": f.reproduced if f else None, "shrink_runs": f.shrink_runs if f else None,
-            "schedules": sm.schedules, "faults_fired": sm.faults_fired, "run_s": sm.run_s,
+            "schedules": sm.schedules, "nothing_new": sm.nothing_new, "faults_fired": sm.faults_fired, "run_s": sm.run_s,
             "wall_s": time.monotonic() - started, "error": sm.error}
 
 

@@ -268,7 +268,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         console.print("[red]interrupted: every process of the running schedule was killed[/]")
         return 130
     console.print(f"schedules tried: {sm.schedules} ({sm.schedules_per_minute:.1f}/min, {sm.cache_hits} repeats "
-                  f"answered from the cache)  faults fired: {sm.faults_fired} of {sm.faults_planned}  "
+                  f"answered from the cache, {sm.nothing_new} with nothing new not run)  faults fired: {sm.faults_fired} of {sm.faults_planned}  "
                   f"failures found: {len(sm.findings)}  not reproduced: {len(sm.not_reproduced)}  "
                   f"wall: {sm.wall_s:.0f}s")
     for f in sm.findings:

@@ -23,6 +23,15 @@ Each example is one real run (``runner.run_scenario``: torchrun, the probe, the 
 relaunches), made once, in ``teardown``, after the rules have built the schedule; the harness's
 checkers are the invariant. A failed check raises, and hypothesis shrinks the schedule.
 
+Coverage: at a few real runs a minute a search runs tens of schedules, and a narrow window (a crash
+between two steps of the commit protocol: 2 of 15 places) drawn at random comes up late. So each
+rule moves its drawn place onto the places the search has tried least (``_least_tried``; the three
+crashes share one account), and a schedule that tries no new place and no new pair of consecutive
+faults (``tries``) passes without a run. Both depend only on the schedules run before, and stand
+still while a failure shrinks, so the same draws make the same schedule whenever hypothesis replays
+them; the cap on examples is fixed, so a longer search with the same seed runs the shorter one's
+schedules first.
+
 Swarm testing comes with hypothesis's stateful testing: ``RuleStrategy`` draws a shared
 ``FeatureFlags`` per example (``st.shared(FeatureStrategy(at_least_one_of=rule_names))``, see
 hypothesis/stateful.py) and only draws rules it enables, with a per-example probability of
@@ -61,6 +70,7 @@ interesting) until the budget is spent.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -125,8 +135,29 @@ ERRNO_SITES = (
     ("open", "latest.tmp", "rank:0", "ckpt.commit"),
 )
 
+# Faults that end a process where it stands (a kill; a stop, which the peers' timeout turns into a kill; a
+# power cut) leave the disk as it was at that point: one account of the points tried, for all three.
+CRASHES = ("kill", "stop", "power_loss")
+
 # Checks that say the schedule did not happen as planned, not that the trainer is wrong.
 NOT_FINDINGS = re.compile(r"^fault_\d+_fired$")
+
+
+def where(f: Fault) -> tuple[str, str]:
+    """Where a fault strikes, as the search counts what it has tried: its kind (crashes as one), and
+    its probe point, errno call and point, or corrupted file."""
+    if f.kind == "errno":
+        return "errno", f"{f.call}@{f.when.point}"
+    if f.kind == "corrupt":
+        return "corrupt", f.file
+    return ("crash" if f.kind in CRASHES else f.kind), f.when.point
+
+
+def tries(faults: list[Fault]) -> set[tuple]:
+    """What a schedule tries that another may already have: where each fault strikes (``where``, in the
+    first launch or a relaunch), and each pair of consecutive faults (so that combinations count)."""
+    one = [(*where(f), f.attempt > 0) for f in faults]
+    return set(one) | set(zip(one, one[1:]))
 
 
 def normalize(check: str) -> str:
@@ -239,6 +270,25 @@ class FaultSchedule(RuleBasedStateMachine):
             return False
         return self.fresh or self.step <= TRAINER["max_steps"]
 
+    def _least_tried(self, kind: str, drawn, options: tuple, key: Callable = lambda o: o):
+        """``drawn`` moved onto the options this search has tried least so far (``Search.tried``).
+
+        The search runs a few schedules a minute, and a window such as a crash between two steps
+        of the commit protocol is 2 of 15 places: drawn at random, places come up again long
+        before every one has been tried. The drawn value's index picks among the least-tried
+        options, so the draw still decides (and shrinks towards the first of them), and the
+        mapping depends only on schedules that ran before this example, none during a shrink:
+        the same draws make the same schedule while hypothesis replays them."""
+        group = "crash" if kind in CRASHES else kind
+        here = collections.Counter(where(f) for f in self.faults)  # and this schedule's faults so far
+        counts = [self.search.tried[(group, key(o))] + here[(group, key(o))] for o in options]
+        least = [o for o, n in zip(options, counts) if n == min(counts)]
+        return least[options.index(drawn) % len(least)] if drawn in options else least[0]
+
+    def _places(self, *groups: tuple[str, ...]) -> tuple[str, ...]:
+        """The points of ``groups`` a fault may strike next: recovery points only in a fresh relaunch."""
+        return tuple(p for g in groups for p in g if self.fresh or p not in RECOVERY_POINTS)
+
     def _at(self, place: str, rank: int, delay: int) -> Trigger:
         """A trigger at or after the cursor: ``place`` is a point, or "save:<point>"/"step:<point>"."""
         max_steps, every = TRAINER["max_steps"], TRAINER["ckpt_every_steps"]
@@ -286,6 +336,7 @@ class FaultSchedule(RuleBasedStateMachine):
     def kill(self, place, rank, delay, whom):
         if not (self._can("kill")):
             return
+        place = self._least_tried("kill", place, self._places(STEP_POINTS, SAVE_POINTS, RECOVERY_POINTS))
         when = self._at(place, rank, delay)
         target = {"triggering": "triggering", "all": "all"}.get(whom, f"rank:{1 - when.rank}")
         self._add(Fault(kind="kill", when=when, target=target))
@@ -296,7 +347,7 @@ class FaultSchedule(RuleBasedStateMachine):
         # A preemption needs a micro-batch boundary after it to stop at: never in the last step.
         if not (self._can("term") and self.step < TRAINER["max_steps"]):
             return
-        when = self._at(place, rank, delay)
+        when = self._at(self._least_tried("term", place, STEP_POINTS + SAVE_POINTS), rank, delay)
         if (when.step or _save_step(when) or 0) >= TRAINER["max_steps"]:
             when = Trigger(point="step.begin", rank=rank, step=min(self.step, TRAINER["max_steps"] - 1))
         self._add(Fault(kind="term", when=when, target="ranks:0,1" if whom == "all" else "triggering", grace_s=30.0))
@@ -308,6 +359,7 @@ class FaultSchedule(RuleBasedStateMachine):
         # and the job would hang for any trainer.
         if not self._can("stop") or (self.world_after == 1 and self.launch > 0):
             return
+        place = self._least_tried("stop", place, STEP_POINTS + SAVE_POINTS)
         self._add(Fault(kind="stop", when=self._at(place, rank, delay), target="triggering"))
 
     @rule(place=st.sampled_from(STEP_POINTS), rank=st.integers(0, WORLD_SIZE - 1), delay=st.integers(0, 3),
@@ -317,7 +369,8 @@ class FaultSchedule(RuleBasedStateMachine):
         # trainer survives by policy, which would need job_fails = false on that schedule).
         if not (self._can("raise")):
             return
-        self._add(Fault(kind="raise", when=self._at(place, rank, delay), error=error))
+        self._add(Fault(kind="raise", when=self._at(self._least_tried("raise", place, STEP_POINTS), rank, delay),
+                        error=error))
 
     # -- rules: storage faults -------------------------------------------------------------
 
@@ -326,7 +379,7 @@ class FaultSchedule(RuleBasedStateMachine):
     def errno(self, site, err, rank, delay, nth_call):
         if not (self._can("errno")):
             return
-        call, path, target, point = site
+        call, path, target, point = self._least_tried("errno", site, ERRNO_SITES, key=lambda e: f"{e[0]}@{e[3]}")
         when = self._at(point, rank, delay)
         if when.point != point:  # no save left in this launch
             return
@@ -339,6 +392,7 @@ class FaultSchedule(RuleBasedStateMachine):
     def disk_full(self, place, rank, delay):
         if not (self._can("disk_full")):
             return
+        place = self._least_tried("disk_full", place, ("ckpt.stage", "ckpt.shard.write", "step.begin"))
         self._add(Fault(kind="disk_full", when=self._at(place, rank, delay), headroom_kb=0))
 
     @rule(latency_ms=st.sampled_from((1.0, 5.0)), bandwidth=st.sampled_from((0.0, 8.0)))
@@ -354,6 +408,7 @@ class FaultSchedule(RuleBasedStateMachine):
     def power_loss(self, place, rank, delay):
         if not (self._can("power_loss")):
             return
+        place = self._least_tried("power_loss", place, self._places(STEP_POINTS, SAVE_POINTS, RECOVERY_POINTS))
         self._add(Fault(kind="power_loss", when=self._at(place, rank, delay)))
 
     @rule(corruption=st.sampled_from(("truncate", "flip", "delete")),
@@ -364,6 +419,7 @@ class FaultSchedule(RuleBasedStateMachine):
         # fail saves came before), then a crash, so that a relaunch has to judge the damage.
         if not (self._can("corrupt") and not any(f.kind in ("errno", "disk_full", "power_loss") for f in self.faults)):
             return
+        file = self._least_tried("corrupt", file, ("__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json"))
         when = self._at("step.begin", 0, delay)
         when.step = max(when.step, TRAINER["ckpt_every_steps"] + 1)
         self.faults.append(Fault(kind="corrupt", when=when, corruption=corruption, file=file, checkpoint=which,
@@ -509,6 +565,7 @@ class Summary:
     faults_planned: int = 0
     faults_fired: int = 0
     not_run: int = 0  # examples that came after the budget, passed without a run
+    nothing_new: int = 0  # examples passed without a run: every place and pair of faults already tried
     rounds: int = 0
     findings: list[Finding] = field(default_factory=list)
     not_reproduced: list[Finding] = field(default_factory=list)
@@ -567,6 +624,9 @@ class Search:
         self.max_findings = max_findings  # stop after this many (benchmarks: the time to the first)
         self.on_event = on_event or (lambda *_: None)
         self.cache: dict[str, Attempt] = {}
+        # Where the faults of the schedules run so far struck (``where``): new faults go to the least tried.
+        self.tried: collections.Counter = collections.Counter()
+        self.seen: set[tuple] = set()  # ``tries`` of every schedule run: a schedule with nothing new is not run
         self.known: set[str] = set()  # identities already found (later rounds look past them)
         self.started = 0.0
         self.found_at: float | None = None  # when the failure being shrunk was found
@@ -598,12 +658,20 @@ class Search:
         elif not (final or self.may_run()):
             self.summary.not_run += 1
             return
+        elif self.found_at is None and tries(faults) <= self.seen:
+            # hypothesis generates many near-repeats (mutations of earlier examples); at a few real runs a
+            # minute, one that tries no new place and no new pair of faults is a run of nothing new.
+            self.summary.nothing_new += 1
+            return
         else:
             attempt = self._run(s)
             self.cache[key] = attempt
         if final:
             self.final.append((list(faults), world_after, attempt))
         if attempt.identity is None or attempt.identity in self.known:
+            if self.found_at is None:  # frozen while a failure shrinks: its draws must make the same schedules
+                self.tried.update(where(f) for f in faults)
+                self.seen |= tries(faults)
             return
         if self.found_at is None:
             self.found_at = time.monotonic()
@@ -637,8 +705,10 @@ class Search:
     def settings(self, round_no: int) -> settings:
         return settings(
             # Each example takes 10-40 s of real training: no per-example deadline, and the number of
-            # examples is bounded by the clock (``may_run``), the cap only by what the clock allows.
-            max_examples=max(20, int(self.summary.budget_s / 4)),
+            # examples is bounded by the clock (``may_run``). The cap is fixed, never derived from the
+            # budget: hypothesis draws differently for another max_examples, and this way a longer
+            # search with the same seed runs the shorter one's schedules first.
+            max_examples=1000,
             deadline=None,
             stateful_step_count=self.max_faults,
             # the project's example database replays earlier failures first, in the first round only

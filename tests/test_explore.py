@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.explore import MAX_LAUNCHES, TRAINER, Search, _deletion_order, identity
+from harness.explore import ERRNO_SITES, MAX_LAUNCHES, TRAINER, Search, _deletion_order, identity, tries, where
 from harness.runner import Result, run_scenario
 from harness.scenario import from_dict, load
 
@@ -78,6 +78,34 @@ def test_the_topology_family_relaunches_on_fewer_ranks_and_aims_at_ranks_that_ex
                 assert f.when.rank in (None, 0) and f.target in ("triggering", "all", "rank:0")
                 assert f.kind != "stop"
     assert all(s.expect.trajectory == "bit-exact" for s in seen if s.recovery.world_size is None)
+
+
+def test_a_longer_search_with_the_same_seed_runs_the_shorter_ones_schedules_first(tmp_path):
+    """So a longer budget finds at least what a shorter one found (hypothesis draws differently for
+    another max_examples: the cap must not come from the budget)."""
+    short, long = [], []
+    Search(runner=_round_tripping_runner(short), budget_s=100, database=None, seed=4, out=tmp_path / "s").run()
+    Search(runner=_round_tripping_runner(long), budget_s=400, database=None, seed=4, out=tmp_path / "l").run()
+    assert len(short) >= 30
+    assert [s.to_toml() for s in short[:30]] == [s.to_toml() for s in long[:30]]
+
+
+def test_every_schedule_run_tries_something_new_and_crashes_spread_over_every_point(tmp_path):
+    """Coverage: a schedule whose every fault place and pair of faults was tried is not run, and
+    fault places are drawn least-tried first, so a narrow window (a crash between two steps of the
+    commit protocol, an I/O error on a shard) comes up within the first few dozen schedules."""
+    seen = []
+    sm = Search(runner=_round_tripping_runner(seen), budget_s=400, database=None, seed=3, out=tmp_path).run()
+    assert sm.nothing_new > 0
+    tried = set()
+    for s in seen:
+        assert not tries(s.faults) <= tried, f"{s.name} tried nothing new"
+        tried |= tries(s.faults)
+    first = seen[:40]
+    crash_points = {where(f)[1] for s in first for f in s.faults if where(f)[0] == "crash"}
+    assert len(crash_points) == 15  # every step, save and recovery point
+    errno_sites = {where(f)[1] for s in first for f in s.faults if f.kind == "errno"}
+    assert errno_sites == {f"{call}@{point}" for call, _, _, point in ERRNO_SITES}
 
 
 def test_unfired_faults_are_not_findings():
