@@ -50,7 +50,7 @@ def one(module: str, families: tuple[str, ...], seed: int, budget: float, shrink
                 regressions=out / "found", golden_root=golden, database=None, max_findings=1).run()
     f = (sm.findings or sm.not_reproduced or [None])[0]
     label = module if families == DEFAULT_FAMILIES else f"{module} [{'+'.join(families)}]"
-    return {"trainer": label, "families": list(families), "seed": seed, "found": bool(sm.findings), "identity": f.identity if f else None,
+    return {"trainer": label, "families": list(families), "seed": seed, "budget_s": budget, "shrink_s": shrink, "found": bool(sm.findings), "identity": f.identity if f else None,
             "time_to_find_s": sm.first_failure_s, "shrunk_faults": f.faults if f else None,
             "reproduced": f.reproduced if f else None, "shrink_runs": f.shrink_runs if f else None,
             "schedules": sm.schedules, "nothing_new": sm.nothing_new, "faults_fired": sm.faults_fired, "run_s": sm.run_s,
@@ -80,6 +80,8 @@ def main() -> int:
     p.add_argument("--shrink", type=float, default=180, help="shrinking budget per finding, seconds")
     p.add_argument("--bugs", nargs="*", default=list(PLANTED), help="planted trainers (tests/planted/NAME.py)")
     p.add_argument("--no-reference", action="store_true", help="skip the correct trainer's searches")
+    p.add_argument("--reference", nargs="*", metavar="FAMILY+FAMILY",
+                   help="the families the correct trainer is searched with (default: those of the bugs)")
     p.add_argument("--append", action="store_true", help="add to the searches already in the results file "
                    "(a benchmark run in parts)")
     args = p.parse_args()
@@ -89,7 +91,9 @@ def main() -> int:
     commands = (json.loads(RESULTS.read_text()).get("commands", []) if args.append and RESULTS.exists() else [])
     commands.append("benchmarks/explore_planted.py " + " ".join(sys.argv[1:]))
     searches = [(f"tests.planted.{b}", FAMILIES.get(b, DEFAULT_FAMILIES)) for b in args.bugs]
-    if not args.no_reference:  # the correct trainer, with every set of families the bugs were searched with
+    if args.reference is not None:
+        searches += [("reference_trainer", tuple(fam.split("+"))) for fam in args.reference]
+    elif not args.no_reference:  # the correct trainer, with every set of families the bugs were searched with
         searches += [("reference_trainer", fam) for fam in dict.fromkeys(fam for _, fam in searches)]
     started = time.monotonic()
     for module, families in searches:
