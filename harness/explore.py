@@ -29,8 +29,8 @@ rule moves its drawn place onto the places the search has tried least (``_least_
 crashes share one account), and a schedule that tries no new place and no new pair of consecutive
 faults (``tries``) passes without a run. Both depend only on the schedules run before, and stand
 still while a failure shrinks, so the same draws make the same schedule whenever hypothesis replays
-them; the cap on examples is fixed, so a longer search with the same seed runs the shorter one's
-schedules first.
+them; hypothesis runs in rounds of a fixed number of examples (a new seed each), so a longer search
+with the same seed runs the shorter one's schedules first.
 
 Swarm testing comes with hypothesis's stateful testing: ``RuleStrategy`` draws a shared
 ``FeatureFlags`` per example (``st.shared(FeatureStrategy(at_least_one_of=rule_names))``, see
@@ -117,6 +117,8 @@ LOSES_DISK = ("lose_disk",)
 # (``Search._reduce``) the rest, on its own clock: at 30-60 s a run, hypothesis alone gets through
 # few candidates.
 HYPOTHESIS_SHRINK_SHARE = 0.5
+# Examples per hypothesis round; the search runs rounds (seed, seed + 1, ...) until its budget is spent.
+EXAMPLES_PER_ROUND = 20
 DEFAULT_DB = REPO_ROOT / ".hypothesis" / "explore"
 REGRESSIONS = REPO_ROOT / "scenarios" / "regressions"
 
@@ -626,6 +628,9 @@ class Search:
         self.cache: dict[str, Attempt] = {}
         # Where the faults of the schedules run so far struck (``where``): new faults go to the least tried.
         self.tried: collections.Counter = collections.Counter()
+        # Examples judged, for a guard: at most one per 2 s of budget, so that a search whose runs take no
+        # time (the tests' runners) ends; a real run takes 8 s or more, and most examples run nothing.
+        self.examples = 0
         self.seen: set[tuple] = set()  # ``tries`` of every schedule run: a schedule with nothing new is not run
         self.known: set[str] = set()  # identities already found (later rounds look past them)
         self.started = 0.0
@@ -648,6 +653,8 @@ class Search:
 
     def judge(self, faults: list[Fault], final: bool = False, world_after: int | None = None) -> None:
         """Run the schedule (or recall its verdict) and raise if it failed in a new way."""
+        if self.found_at is None:
+            self.examples += 1
         if not faults:
             return  # no fault, nothing to learn: the golden run already is that run
         s = build(faults, self.trainer_module, world_after=world_after)
@@ -704,11 +711,13 @@ class Search:
 
     def settings(self, round_no: int) -> settings:
         return settings(
-            # Each example takes 10-40 s of real training: no per-example deadline, and the number of
-            # examples is bounded by the clock (``may_run``). The cap is fixed, never derived from the
-            # budget: hypothesis draws differently for another max_examples, and this way a longer
-            # search with the same seed runs the shorter one's schedules first.
-            max_examples=1000,
+            # Each example takes 10-40 s of real training: no per-example deadline; the clock bounds
+            # the search (``may_run``), which goes on round after round (``run``). A small cap per
+            # round, never derived from the budget (hypothesis draws differently for another
+            # max_examples): a longer search with the same seed runs the shorter one's schedules
+            # first, and each round starts hypothesis afresh, which spreads the faults sooner than one
+            # long round (whose first tenth, up to 50 examples, are its simplest).
+            max_examples=EXAMPLES_PER_ROUND,
             deadline=None,
             stateful_step_count=self.max_faults,
             # the project's example database replays earlier failures first, in the first round only
@@ -746,6 +755,8 @@ class Search:
                 break
             round_no += 1
             if failure is None:
+                if self.elapsed() < sm.budget_s and self.examples < max(EXAMPLES_PER_ROUND, sm.budget_s / 2):
+                    continue  # the round's examples are spent, the budget is not: the next round
                 break  # the budget ran out with nothing (new) found
             self._report(failure)
             if self.max_findings is not None and len(sm.findings) + len(sm.not_reproduced) >= self.max_findings:
