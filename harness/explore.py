@@ -140,19 +140,30 @@ ERRNO_SITES = (
 # Faults that end a process where it stands (a kill; a stop, which the peers' timeout turns into a kill; a
 # power cut) leave the disk as it was at that point: one account of the points tried, for all three.
 CRASHES = ("kill", "stop", "power_loss")
+DISK_FULL_PLACES = ("ckpt.stage", "ckpt.shard.write", "step.begin")
+CORRUPT_FILES = ("__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json")
 
 # Checks that say the schedule did not happen as planned, not that the trainer is wrong.
 NOT_FINDINGS = re.compile(r"^fault_\d+_fired$")
+
+
+def _account(kind: str) -> str:
+    """The kind under which the search counts the places a fault of ``kind`` has tried."""
+    return "crash" if kind in CRASHES else kind
+
+
+def _errno_site(call: str, point: str) -> str:
+    return f"{call}@{point}"
 
 
 def where(f: Fault) -> tuple[str, str]:
     """Where a fault strikes, as the search counts what it has tried: its kind (crashes as one), and
     its probe point, errno call and point, or corrupted file."""
     if f.kind == "errno":
-        return "errno", f"{f.call}@{f.when.point}"
+        return "errno", _errno_site(f.call, f.when.point)
     if f.kind == "corrupt":
         return "corrupt", f.file
-    return ("crash" if f.kind in CRASHES else f.kind), f.when.point
+    return _account(f.kind), f.when.point
 
 
 def tries(faults: list[Fault]) -> set[tuple]:
@@ -281,7 +292,7 @@ class FaultSchedule(RuleBasedStateMachine):
         options, so the draw still decides (and shrinks towards the first of them), and the
         mapping depends only on schedules that ran before this example, none during a shrink:
         the same draws make the same schedule while hypothesis replays them."""
-        group = "crash" if kind in CRASHES else kind
+        group = _account(kind)
         here = collections.Counter(where(f) for f in self.faults)  # and this schedule's faults so far
         counts = [self.search.tried[(group, key(o))] + here[(group, key(o))] for o in options]
         least = [o for o, n in zip(options, counts) if n == min(counts)]
@@ -381,7 +392,7 @@ class FaultSchedule(RuleBasedStateMachine):
     def errno(self, site, err, rank, delay, nth_call):
         if not (self._can("errno")):
             return
-        call, path, target, point = self._least_tried("errno", site, ERRNO_SITES, key=lambda e: f"{e[0]}@{e[3]}")
+        call, path, target, point = self._least_tried("errno", site, ERRNO_SITES, key=lambda e: _errno_site(e[0], e[3]))
         when = self._at(point, rank, delay)
         if when.point != point:  # no save left in this launch
             return
@@ -389,12 +400,12 @@ class FaultSchedule(RuleBasedStateMachine):
         self._add(Fault(kind="errno", when=when, call=call, errno=err, path=path.format(r=r),
                         target=target.format(r=r), nth_call=nth_call if call == "write" else 1))
 
-    @rule(place=st.sampled_from(("ckpt.stage", "ckpt.shard.write", "step.begin")),
+    @rule(place=st.sampled_from(DISK_FULL_PLACES),
           rank=st.integers(0, WORLD_SIZE - 1), delay=st.integers(0, 3))
     def disk_full(self, place, rank, delay):
         if not (self._can("disk_full")):
             return
-        place = self._least_tried("disk_full", place, ("ckpt.stage", "ckpt.shard.write", "step.begin"))
+        place = self._least_tried("disk_full", place, DISK_FULL_PLACES)
         self._add(Fault(kind="disk_full", when=self._at(place, rank, delay), headroom_kb=0))
 
     @rule(latency_ms=st.sampled_from((1.0, 5.0)), bandwidth=st.sampled_from((0.0, 8.0)))
@@ -414,14 +425,14 @@ class FaultSchedule(RuleBasedStateMachine):
         self._add(Fault(kind="power_loss", when=self._at(place, rank, delay)))
 
     @rule(corruption=st.sampled_from(("truncate", "flip", "delete")),
-          file=st.sampled_from(("__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json")),
+          file=st.sampled_from(CORRUPT_FILES),
           which=st.sampled_from(("newest", "oldest")), delay=st.integers(0, 3))
     def corrupt(self, corruption, file, which, delay):
         # At the start of a step after the first save (a checkpoint exists: none of the faults that
         # fail saves came before), then a crash, so that a relaunch has to judge the damage.
         if not (self._can("corrupt") and not any(f.kind in ("errno", "disk_full", "power_loss") for f in self.faults)):
             return
-        file = self._least_tried("corrupt", file, ("__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json"))
+        file = self._least_tried("corrupt", file, CORRUPT_FILES)
         when = self._at("step.begin", 0, delay)
         when.step = max(when.step, TRAINER["ckpt_every_steps"] + 1)
         self.faults.append(Fault(kind="corrupt", when=when, corruption=corruption, file=file, checkpoint=which,
