@@ -60,7 +60,7 @@ bench: setup
 	$(PY) benchmarks/checkpoint_overhead.py --rounds 3
 	$(PY) benchmarks/soak_goodput.py --rounds 3
 	$(PY) benchmarks/explore_order.py --seeds 40
-	$(PY) benchmarks/explore_planted.py --seeds 0 1 2 --budget 300 --shrink 180
+	$(PY) benchmarks/explore_planted.py --seeds 0 1 2 --budget 600 --shrink 90
 	$(PY) benchmarks/report.py
 
 clean:

@@ -10,7 +10,8 @@ the fault count of the shrunk schedule, whether the written file reproduced, and
 run. Then the reference trainer gets the same budget per seed: the figure that matters there is
 zero findings, and its runs give the schedules per minute.
 
-    .venv/bin/python benchmarks/explore_planted.py --seeds 0 1 2 --budget 300 --shrink 180
+    .venv/bin/python benchmarks/explore_planted.py --seeds 0 1 2 --budget 600 --shrink 90
+    .venv/bin/python benchmarks/explore_planted.py --table     # the README table, from the results file
 
 Figures go to benchmarks/results/explore_planted.json (rewritten after every search, so a run
 cut short keeps what it measured) and a table is printed.
@@ -67,10 +68,27 @@ def summarize(rows: list[dict]) -> dict:
             "median_time_to_find_s": statistics.median(r["time_to_find_s"] for r in found) if found else None,
             "max_shrunk_faults": max(r["shrunk_faults"] for r in found) if found else None,
             "identities": sorted({r["identity"] for r in rs if r["identity"]}),
+            "budgets_s": sorted({f"{r['budget_s']:.0f} + {r['shrink_s']:.0f}" if 'budget_s' in r else '?' for r in rs}),
             "schedules": sum(r["schedules"] for r in rs),
             "schedules_per_minute": 60 * sum(r["schedules"] for r in rs) / max(1e-9, sum(r["run_s"] for r in rs)),
         }
     return out
+
+
+def markdown(rows: list[dict]) -> str:
+    """The README's table: one line per trainer label, each search's time to find in seed order."""
+    lines = ["| trainer [families] | budget s (find + shrink) | found in | first failed check | time to find, each "
+             "search (s) | median | shrunk to (faults) | schedules | per minute |", "|---" * 9 + "|"]
+    for label, s in summarize(rows).items():
+        rs = sorted((r for r in rows if r["trainer"] == label), key=lambda r: r["seed"])
+        times = ", ".join(f"{r['time_to_find_s']:.0f}" if r["found"] else "–" for r in rs)
+        med = "–" if s["median_time_to_find_s"] is None else f"**{s['median_time_to_find_s']:.0f} s**"
+        shrunk = ", ".join(str(r["shrunk_faults"]) for r in rs if r["found"]) or "–"
+        lines.append(f"| `{label.removeprefix('tests.planted.')}` | {', '.join(s['budgets_s'])} | {s['found']} of "
+                     f"{s['searches']} (seeds {', '.join(str(r['seed']) for r in rs)}) | "
+                     f"{', '.join(s['identities']) or 'nothing'} | {times} | {med} | {shrunk} | {s['schedules']} | "
+                     f"{s['schedules_per_minute']:.1f} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -84,7 +102,12 @@ def main() -> int:
                    help="the families the correct trainer is searched with (default: those of the bugs)")
     p.add_argument("--append", action="store_true", help="add to the searches already in the results file "
                    "(a benchmark run in parts)")
+    p.add_argument("--table", action="store_true", help="print the results file's searches as the README's "
+                   "markdown table and run nothing")
     args = p.parse_args()
+    if args.table:
+        print(markdown(json.loads(RESULTS.read_text())["searches"]))
+        return 0
     work = Path(tempfile.mkdtemp(prefix="explore-bench-"))
     golden = work / "golden"
     rows: list[dict] = json.loads(RESULTS.read_text())["searches"] if args.append and RESULTS.exists() else []

@@ -90,7 +90,8 @@ def explore_section(d: dict) -> dict:
     the largest shrunk schedule, and the schedules per minute."""
     rows = []
     for trainer, s in d["summary"].items():
-        rows.append({"trainer [families]": trainer, "found / searches": f"{s['found']} / {s['searches']}",
+        rows.append({"trainer [families]": trainer, "budget s (find + shrink)": ", ".join(s.get("budgets_s", [])),
+                     "found / searches": f"{s['found']} / {s['searches']}",
                      "first failed check": ", ".join(s["identities"]) or "nothing",
                      "median time to find s": s["median_time_to_find_s"],
                      "shrunk to (max faults)": s["max_shrunk_faults"],
@@ -178,8 +179,7 @@ plot: 1 h), with a 10-minute interval and the seed articles' rules of thumb for 
 
 {% if s.explore %}{% set d = s.explore.d %}<h2 id="explore">Fault-schedule search against planted bugs</h2>
 <p class="note">One <code>ckpt-chaos explore</code> search per trainer and seed (seeds {{ s.explore.seeds|join(", ") }};
-{{ "%.0f"|format(d.budget_s) }} s to find, {{ "%.0f"|format(d.shrink_s) }} s to shrink, stopped at the
-first finding, no example database): each planted bug with the fault families that reach it, and the correct trainer
+with the budget in its row to find and to shrink, stopped at the first finding, no example database): each planted bug with the fault families that reach it, and the correct trainer
 with each of those family sets, where the figure that matters is that nothing is found. Time to find: from the
 start of the search (golden runs included) to the end of the first failing run. The commands, in the order they
 ran: {{ d.commands|join("; ") }}.</p>
