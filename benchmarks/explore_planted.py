@@ -92,7 +92,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--budget", type=float, default=300, help="generation budget per search, seconds")
     p.add_argument("--shrink", type=float, default=180, help="shrinking budget per finding, seconds")
