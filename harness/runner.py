@@ -304,7 +304,7 @@ class ChaosRun:
                 if timed_out:
                     self.history.add("harness", "deadline", launch=n, deadline_s=s.expect.deadline_s)
                     break
-                if self._finished():
+                if rc == 0 and self._finished(n):
                     break
 
     def _watch(self, job: Job, deadline: float) -> int | None:
@@ -341,8 +341,13 @@ class ChaosRun:
                 return rc
         return None
 
-    def _finished(self) -> bool:
-        return bool(trainer_events(self.run_dir, "finished"))
+    def _finished(self, launch: int) -> bool:
+        """Launch ``launch`` trained to its last step (a restart inside torchrun counts as the same launch).
+
+        Only with exit status 0 does that end the job: a launch that finished training and then died (its
+        node lost while rank 0 drained the uploads) failed, and a scheduler starts it again, as the
+        checker's crash states already assume (found by ``ckpt-chaos explore --families remote``)."""
+        return any(e.get("attempt", 0) >= launch for e in trainer_events(self.run_dir, "finished"))
 
 
 # How torchrun and faulthandler report a worker killed by a signal of its own making; the nemesis
