@@ -46,6 +46,19 @@ def test_a_node_that_lost_its_disk_restores_the_newest_durable_checkpoint(tmp_pa
     assert restored == ["step_00000004"]
 
 
+
+@pytest.mark.slow
+def test_a_job_that_finished_training_but_died_draining_its_uploads_is_started_again(tmp_path, golden_root):
+    # The node is lost while rank 0 drains the final upload: training had finished, but the launch exited
+    # -9 with the final checkpoint on no disk that survives. The harness used to stop there (job_completed
+    # failed); a scheduler starts the job again, which restores step 6 and trains steps 7 and 8 again.
+    result = _run(tmp_path, golden_root, "disk-lost-during-final-drain.toml")
+    assert result.verdict == "pass", [c for c in result.checks if c["verdict"] == "fail"]
+    history = [json.loads(line) for line in (tmp_path / "disk-lost-during-final-drain" / "history.jsonl").open()]
+    exits = [h["rc"] for h in history if h["source"] == "harness" and h["kind"] == "exit"]
+    assert exits == [-9, 0]
+    assert result.resumed_from == ["step_00000006"]
+
 @pytest.mark.slow
 def test_an_uploader_that_marks_durable_before_its_objects_is_caught(tmp_path, golden_root):
     result = _run(tmp_path, golden_root, "uploader-killed-mid-object.toml", "tests.planted.uploader_marks_durable_early")
