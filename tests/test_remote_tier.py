@@ -46,7 +46,6 @@ def test_a_node_that_lost_its_disk_restores_the_newest_durable_checkpoint(tmp_pa
     assert restored == ["step_00000004"]
 
 
-
 @pytest.mark.slow
 def test_a_job_that_finished_training_but_died_draining_its_uploads_is_started_again(tmp_path, golden_root):
     # The node is lost while rank 0 drains the final upload: training had finished, but the launch exited
@@ -58,6 +57,7 @@ def test_a_job_that_finished_training_but_died_draining_its_uploads_is_started_a
     exits = [h["rc"] for h in history if h["source"] == "harness" and h["kind"] == "exit"]
     assert exits == [-9, 0]
     assert result.resumed_from == ["step_00000006"]
+
 
 @pytest.mark.slow
 def test_an_uploader_that_marks_durable_before_its_objects_is_caught(tmp_path, golden_root):
