@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .history import final_state, read_history, trajectory, trajectory_records, trainer_events
-from .scenario import Scenario
+from .scenario import Fault, Scenario
 
 EXACT_FIELDS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_seen")
 COMPONENTS = ("model", "optimizer", "scheduler", "counters", "dataloader", "rng", "grads")
@@ -409,20 +409,23 @@ def _storage_effects(run: Run, report: Report) -> None:
         ex = run.exit_of(launch)
         reported = [e for e in run.events if e["event"] in SURFACED and e.get("attempt") == launch
                     and e.get("t", 0) >= h["t"]]
-        # The launch stopping counts as reporting the fault only if no later fault stopped it.
+        # The launch stopping counts as reporting the fault only if no later fault stopped it, or
+        # the processes whose calls failed did nothing more (they could not report it: a peer's
+        # fault left them waiting in a collective until the launch ended).
         later_faults = [x for x in run.harness("fault") if x["launch"] == launch and x["t"] > h["t"] and x["index"] != i]
-        stopped = ex is not None and ex["rc"] != 0 and not later_faults
-        if fault.kind == "errno":
-            hits = injected.get((launch, h.get("rule")), []) if h.get("via") == "faultfs" else None
-            if hits is not None:
-                calls = ", ".join(f"{x['op']} {x['path']} -> {x['errno']}" for x in hits[:3])
-                ok = bool(hits) or fault.probability is not None
-                report.add(f"fault_{i}_injected", ok, f"{len(hits)} call(s) failed: {calls}" if hits else
-                           "no call failed (probability drawn that way)" if ok else
-                           f"no {fault.call} call on a path matching {fault.path!r} came after the trigger; "
-                           f"check faults[{i}].call, .path and .when")
-                if not hits:
-                    continue
+        hits = injected.get((launch, h.get("rule")), []) if fault.kind == "errno" and h.get("via") == "faultfs" else None
+        stopped = ex is not None and ex["rc"] != 0 and (not later_faults or (bool(hits) and not _went_on(run, hits)))
+        if hits is not None:
+            calls = ", ".join(f"{x['op']} {x['path']} -> {x['errno']}" for x in hits[:3])
+            failed_first = _save_failed_before(run, fault, h) if not hits else None
+            ok = bool(hits) or fault.probability is not None or failed_first is not None
+            report.add(f"fault_{i}_injected", ok, f"{len(hits)} call(s) failed: {calls}" if hits else
+                       "no call failed (probability drawn that way)" if fault.probability is not None else
+                       f"not reached: {failed_first}" if ok else
+                       f"no {fault.call} call on a path matching {fault.path!r} came after the trigger; "
+                       f"check faults[{i}].call, .path and .when")
+            if not hits:
+                continue
         if fault.kind in ("errno", "disk_full"):
             if fault.kind == "disk_full":
                 saves = [e for e in run.history if e["source"] == "probe" and e["kind"] == "ckpt.stage"
@@ -434,7 +437,10 @@ def _storage_effects(run: Run, report: Report) -> None:
             what = f"{fault.kind} ({fault.errno} on {fault.call})" if fault.kind == "errno" else "disk_full"
             report.add(f"fault_{i}_surfaced", ok,
                        f"the trainer reported it: {reported[0]['event']} {reported[0].get('name', '')}".rstrip()
-                       if reported else f"launch {launch} stopped with status {ex['rc']}" if ok else
+                       if reported else f"launch {launch} stopped with status {ex['rc']}" + (
+                           f": the process whose call failed did nothing more before fault {later_faults[0]['index']} "
+                           f"({later_faults[0]['fault']}) ended the launch, so it had no chance to report it"
+                           if later_faults else "") if ok else
                        f"{what} made the trainer's I/O fail, but it reported no failure (no save_failed, "
                        "ckpt_rejected or load_failed event) and kept going: an error was swallowed")
         elif fault.kind == "corrupt":
@@ -454,6 +460,25 @@ def _storage_effects(run: Run, report: Report) -> None:
                 report.add(f"fault_{i}_detected", False,
                            f"{name} was corrupted ({'; '.join(h.get('files', []))}) but launch {later[0]} did not "
                            f"reject it" + (f"; it resumed from {point[0]}" if point and point[0] else ""))
+
+
+def _went_on(run: Run, hits: list[dict]) -> bool:
+    """Whether a process whose call failed did anything after the failure (a probe event)."""
+    first = min(x["t"] for x in hits)
+    pids = {x["pid"] for x in hits}
+    return any(e["source"] == "probe" and e.get("pid") in pids and e.get("t", 0) > first for e in run.history)
+
+
+def _save_failed_before(run: Run, fault: Fault, h: dict) -> str | None:
+    """Why an errno fault's call never came, if the save it was aimed at failed on its own first (an
+    earlier fault filled the disk: the shard's write fails before any fsync of it); None otherwise."""
+    name = fault.when.name
+    for e in run.trainer("save_failed", h["launch"]):
+        if e.get("t", 0) >= h["t"] and (name is None or e.get("name") == name):
+            error = e.get("error", "").strip().splitlines()[-1:] or ["?"]
+            return (f"save {e.get('name')} failed before any {fault.call} on a path matching {fault.path!r} "
+                    f"({error[0]}), and the trainer reported it")
+    return None
 
 
 def _committed_valid(run: Run, report: Report) -> None:
