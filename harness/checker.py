@@ -417,7 +417,7 @@ def _storage_effects(run: Run, report: Report) -> None:
         stopped = ex is not None and ex["rc"] != 0 and (not later_faults or (bool(hits) and not _went_on(run, hits)))
         if hits is not None:
             calls = ", ".join(f"{x['op']} {x['path']} -> {x['errno']}" for x in hits[:3])
-            failed_first = _save_failed_before(run, fault, h) if not hits else None
+            failed_first = _save_failed_before(fault, reported) if not hits else None
             ok = bool(hits) or fault.probability is not None or failed_first is not None
             report.add(f"fault_{i}_injected", ok, f"{len(hits)} call(s) failed: {calls}" if hits else
                        "no call failed (probability drawn that way)" if fault.probability is not None else
@@ -469,12 +469,13 @@ def _went_on(run: Run, hits: list[dict]) -> bool:
     return any(e["source"] == "probe" and e.get("pid") in pids and e.get("t", 0) > first for e in run.history)
 
 
-def _save_failed_before(run: Run, fault: Fault, h: dict) -> str | None:
+def _save_failed_before(fault: Fault, reported: list[dict]) -> str | None:
     """Why an errno fault's call never came, if the save it was aimed at failed on its own first (an
-    earlier fault filled the disk: the shard's write fails before any fsync of it); None otherwise."""
+    earlier fault filled the disk: the shard's write fails before any fsync of it); None otherwise.
+    ``reported``: the failures the trainer reported in the fault's launch after it fired."""
     name = fault.when.name
-    for e in run.trainer("save_failed", h["launch"]):
-        if e.get("t", 0) >= h["t"] and (name is None or e.get("name") == name):
+    for e in reported:
+        if e["event"] == "save_failed" and (name is None or e.get("name") == name):
             error = e.get("error", "").strip().splitlines()[-1:] or ["?"]
             return (f"save {e.get('name')} failed before any {fault.call} on a path matching {fault.path!r} "
                     f"({error[0]}), and the trainer reported it")
