@@ -54,7 +54,8 @@ def one(module: str, families: tuple[str, ...], seed: int, budget: float, shrink
     return {"trainer": label, "families": list(families), "seed": seed, "budget_s": budget, "shrink_s": shrink, "found": bool(sm.findings), "identity": f.identity if f else None,
             "time_to_find_s": sm.first_failure_s, "shrunk_faults": f.faults if f else None,
             "reproduced": f.reproduced if f else None, "shrink_runs": f.shrink_runs if f else None,
-            "schedules": sm.schedules, "nothing_new": sm.nothing_new, "faults_fired": sm.faults_fired, "run_s": sm.run_s,
+            "schedules": sm.schedules, "nothing_new": sm.nothing_new, "faults_planned": sm.faults_planned,
+            "faults_fired": sm.faults_fired, "run_s": sm.run_s,
             "wall_s": time.monotonic() - started, "error": sm.error}
 
 

@@ -8,14 +8,16 @@ against a planted-bug trainer for real.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import tomllib
 from types import SimpleNamespace
 
 import pytest
 
-from harness.explore import ERRNO_SITES, MAX_LAUNCHES, TRAINER, Search, _deletion_order, identity, tries, where
+from harness.explore import (ERRNO_SITES, MAX_LAUNCHES, SAVE_POINTS, STEP_POINTS, TRAINER, Search, _deletion_order,
+                             identity, tries, where)
 from harness.runner import Result, run_scenario
-from harness.scenario import from_dict, load
+from harness.scenario import Fault, Trigger, from_dict, load
 
 
 def _result(s, failed: dict[str, str]) -> Result:
@@ -59,6 +61,64 @@ def test_generated_schedules_validate_round_trip_and_follow_the_story(tmp_path):
     # Swarm testing: examples enable a subset of the kinds, so many multi-fault schedules use one kind only.
     single_kind = [s for s in seen if len(s.faults) >= 2 and len({f.kind for f in s.faults}) == 1]
     assert len(single_kind) >= 3
+
+
+def _order(f) -> tuple[int, int] | None:
+    """When a fault's trigger comes in its launch: (step, phase), a save's points after its step's."""
+    t = f.when
+    if t.point in STEP_POINTS:
+        return t.step, STEP_POINTS.index(t.point)
+    if t.point in SAVE_POINTS and t.name:
+        return int(t.name[5:]), len(STEP_POINTS) + SAVE_POINTS.index(t.point)
+    return None
+
+
+def test_each_launchs_faults_come_in_order_and_only_where_the_saves_still_get_to(tmp_path):
+    """The story stays possible: a launch's faults in the order of their events, one disk_full a launch,
+    and nothing at a point of a save that an earlier errno (or the full disk) already failed. Such a
+    fault never fires: a fifth of the faults planned were, before the generator knew."""
+    seen = []
+    Search(runner=_round_tripping_runner(seen), budget_s=400, database=None, seed=3, out=tmp_path).run()
+    for s in seen:
+        for launch in range(max(f.attempt for f in s.faults) + 1):
+            faults = [f for f in s.faults if f.attempt == launch]
+            orders = [o for f in faults if (o := _order(f)) is not None]
+            assert orders == sorted(orders), f"{s.name}: launch {launch} out of order"
+            assert sum(f.kind == "disk_full" for f in faults) <= 1, f"{s.name}: a second disk_full"
+            dies: dict[int, int] = {}  # save step -> first index in SAVE_POINTS it no longer reaches
+            full_from = None
+            for f in faults:
+                o = _order(f)
+                if o is not None and o[1] >= len(STEP_POINTS):
+                    save, i = o[0], o[1] - len(STEP_POINTS)
+                    limit = min(dies.get(save, 99), 1 if full_from is not None and save >= full_from else 99)
+                    reached = i + (f.kind == "errno")  # an errno's call comes after its trigger point
+                    assert reached < limit, f"{s.name}: {f.kind} at {f.when.point} of {f.when.name} is never reached"
+                    if f.kind in ("errno", "disk_full"):
+                        dies[save] = min(dies.get(save, 99), i + 1)
+                    if f.kind == "disk_full":
+                        full_from = save if i == 0 else save + TRAINER["ckpt_every_steps"]
+                elif f.kind == "disk_full":
+                    full_from = f.when.step
+
+
+def test_a_seed_draws_the_same_schedules_whatever_the_process_imported(tmp_path, monkeypatch):
+    """hypothesis draws some integers from constants it finds in the modules the process imported;
+    the search keeps that pool fixed, so the CLI, a benchmark and a test run the same schedules."""
+    from hypothesis.internal.conjecture import providers
+
+    def first_schedules():
+        seen = []
+        providers.CONSTANTS_CACHE.cache.clear()
+        Search(runner=_round_tripping_runner(seen), budget_s=100, database=None, seed=2, out=tmp_path).run()
+        return [s.to_toml() for s in seen[:30]]
+
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: providers.Constants())
+    few = first_schedules()
+    # As if the process had imported modules full of small numbers (a benchmark script, the runner).
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: providers.Constants(integers=set(range(-5, 60))))
+    many = first_schedules()
+    assert len(few) == 30 and few == many
 
 
 def test_the_topology_family_relaunches_on_fewer_ranks_and_aims_at_ranks_that_exist(tmp_path):
@@ -106,6 +166,13 @@ def test_every_schedule_run_tries_something_new_and_crashes_spread_over_every_po
     assert len(crash_points) == 15  # every step, save and recovery point
     errno_sites = {where(f)[1] for s in first for f in s.faults if f.kind == "errno"}
     assert errno_sites == {f"{call}@{point}" for call, _, _, point in ERRNO_SITES}
+
+
+def test_a_kill_of_the_peer_while_rank_0_commits_is_not_counted_as_a_crash_there():
+    """Rank 0 finishes that commit: the window between two of its steps stays untried until rank 0 dies in it."""
+    f = Fault(kind="kill", when=Trigger(point="ckpt.fsync", rank=0, name="step_00000002"), target="rank:1")
+    assert where(f) == ("peer_kill", "ckpt.fsync")
+    assert where(dataclasses.replace(f, target="triggering")) == ("crash", "ckpt.fsync")
 
 
 def test_unfired_faults_are_not_findings():
