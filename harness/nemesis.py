@@ -142,6 +142,20 @@ class ProcessNemesis:
             return {"do": "raise", "error": fault.error, "message": f"at {event['point']}"}, record
         raise ValueError(f"not a process fault: {fault.kind}")
 
+    def reap_stopped(self, closing: set[int]) -> list[int]:
+        """SIGKILL the stopped processes among ``closing``, those torchrun has begun to close.
+
+        torchrun closes a worker group with SIGTERM, waits 30 s for the workers to exit, then
+        SIGKILLs them (``PContext.close(timeout=30)``, no knob). A stopped process cannot act on
+        SIGTERM, so that wait ends in the same SIGKILL with nothing run in between: sending it now
+        changes nothing but the clock (30 s of every run with a hang)."""
+        reaped = [pid for pid in self.stopped if pid in closing]
+        for pid in reaped:
+            _signal(pid, signal.SIGKILL)
+            _signal(pid, signal.SIGCONT)
+        self.stopped = [pid for pid in self.stopped if pid not in reaped]
+        return reaped
+
     def _grace_expired(self) -> None:
         if self.job.poll() is None:
             self.grace_expired.append(time.time())

@@ -43,6 +43,8 @@ from .scenario import Scenario
 from .storage import Storage, remove_leftovers
 
 DEFAULT_GOLDEN_DIR = REPO_ROOT / "runs" / "golden"
+# torchrun's line when it begins to close a worker group (torch/distributed/elastic/multiprocessing/api.py).
+CLOSING = re.compile(r"Sending process (\d+) closing signal SIGTERM")
 
 
 @dataclass
@@ -313,8 +315,12 @@ class ChaosRun:
         The first death of a rank the nemesis did not kill is when the job noticed the fault;
         torchrun may take much longer to tear the rest down (it waits for stopped workers)."""
         seen: dict[int, psutil.Process] = {}
+        log = getattr(job, "log_path", None)
+        offset = log.stat().st_size if log is not None and log.exists() else 0
         while time.monotonic() < deadline:
             rc = job.wait(0.1)
+            if log is not None and self.nemesis is not None and self.nemesis.stopped:
+                offset = self._reap_stopped(log, offset)
             with self.lock:
                 if not self.s.probe:  # no events tell us the ranks' pids: read them from the processes
                     for proc in job.workers():
@@ -340,6 +346,22 @@ class ChaosRun:
             if rc is not None:
                 return rc
         return None
+
+    def _reap_stopped(self, log: Path, offset: int) -> int:
+        """Kill the stopped ranks torchrun has begun to close (``ProcessNemesis.reap_stopped``), reading
+        its log's complete lines from ``offset``; returns the offset read up to."""
+        with log.open("rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n") + 1
+        closing = {int(pid) for pid in CLOSING.findall(chunk[:end].decode(errors="replace"))}
+        if closing:
+            with self.lock:
+                reaped = self.nemesis.reap_stopped(closing)
+            if reaped:
+                self.history.add("harness", "reap_stopped", launch=self.launch_no, pids=reaped,
+                                 why="torchrun is closing the stopped worker(s); it would SIGKILL them after 30 s")
+        return offset + end
 
     def _finished(self, launch: int) -> bool:
         """Launch ``launch`` trained to its last step (a restart inside torchrun counts as the same launch).
