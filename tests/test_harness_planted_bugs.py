@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from harness.history import read_history
 from harness.launcher import REPO_ROOT
 from harness.runner import run_scenario
 from harness.scenario import load
@@ -35,6 +36,20 @@ def test_reference_trainer_passes_a_mid_write_kill(tmp_path, golden_root):
     assert r.verdict == "pass", r.reason
     assert r.steps_lost == 4 and r.launches == 2
     assert r.time_to_detect_s is not None and r.time_to_recover_s > r.time_to_detect_s
+
+
+def test_a_hung_rank_is_noticed_by_its_peer_then_killed_as_torchrun_closes_it(tmp_path, golden_root):
+    """The SIGSTOPped rank is SIGKILLed when torchrun starts closing it (not 30 s later): after its
+    peer gave up at the collective timeout, so the hang is still the job's to notice."""
+    r = run(tmp_path, golden_root, "hang-rank1-sigstop.toml")
+    assert r.verdict == "pass", r.reason
+    history = read_history(r.run_dir)
+    stopped = next(pid for h in history if h["kind"] == "fault" and h["fault"] == "stop" for pid in h["pids"])
+    reaped = [h for h in history if h["kind"] == "reap_stopped"]
+    assert [h["pids"] for h in reaped] == [[stopped]]
+    exits = [h for h in history if h["kind"] == "rank_exit" and h["launch"] == 0]
+    assert exits[0]["pid"] != stopped  # the peer noticed first
+    assert next(h["t"] for h in exits if h["pid"] == stopped) >= reaped[0]["t"]
 
 
 def test_rng_not_saved_is_caught_and_named(tmp_path, golden_root):
