@@ -64,7 +64,7 @@ Budget: hypothesis has no clock, so the search keeps one. No new schedule is run
 milliseconds); a failure then gets about ``shrink_s`` of shrinking, every run of it real except
 repeats, which are answered from a cache of verdicts keyed by the scenario's TOML (exact, because
 the same schedule fails the same way). Half of it goes to hypothesis's shrinker; the other half,
-on its own clock (so a run the shrinker started late, a hang of 45 s, does not eat it), to a
+on its own clock (so a run the shrinker started late, with a hang, does not eat it), to a
 deletion pass over the faults of what it returned (``Search._reduce``, hangs tried first): one run
 removes a whole fault, where the shrinker spends most of its candidates on the values inside the
 steps. After the shrink the scenario is written to a file, loaded back and run once more: a
@@ -100,7 +100,7 @@ from .scenario import Expect, Fault, Recovery, Remote, Scenario, ScenarioError, 
 WORLD_SIZE = 2
 TRAINER = {"max_steps": 8, "ckpt_every_steps": 2, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
            "collective_timeout_s": 15}
-MAX_LAUNCHES = 2  # launch-ending faults per schedule: a relaunch costs 10-15 s here, a hang ~45 s
+MAX_LAUNCHES = 2  # launch-ending faults per schedule: a relaunch costs 10-15 s here, a hang ~16 s more (the collective timeout)
 # The fault kinds the search composes, by family. node/network (docker, netns) and remote (moto,
 # toxiproxy) cost seconds to minutes of set-up per run; they stay out of the search for now.
 KINDS: dict[str, tuple[str, ...]] = {
@@ -599,7 +599,7 @@ def _without(faults: list[Fault], i: int) -> list[Fault]:
 
 
 def _deletion_order(faults: list[Fault]) -> list[int]:
-    """Which fault the deletion pass tries to drop first: hangs (``stop``: 45 s of collective timeout
+    """Which fault the deletion pass tries to drop first: hangs (``stop``: 15 s of collective timeout
     in every run that keeps it, and rarely the cause), then the latest first."""
     return sorted(range(len(faults)), key=lambda i: (faults[i].kind != "stop", -i))
 
@@ -894,7 +894,7 @@ class Search:
         then the latest first), keeping each removal after which the schedule still fails the same
         way, until no single fault can go or the shrink time is spent."""
         # Its own share, counted from now: a run hypothesis's shrinker started near the end of its
-        # share (a hang: 45 s more) used to leave nothing for this pass.
+        # share (a hang: 16 s more, 45 s before stopped ranks were reaped) used to leave nothing for this pass.
         started = time.monotonic()
 
         def time_left() -> bool:

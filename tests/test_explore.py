@@ -204,7 +204,7 @@ def test_a_failure_shrinks_to_the_fault_that_causes_it_and_is_written_out(tmp_pa
 
 
 def test_the_deletion_pass_tries_to_drop_hangs_first():
-    """A SIGSTOP hang adds 45 s to every run that keeps it and is rarely the cause: the deletion pass
+    """A SIGSTOP hang adds the 15 s collective timeout (45 s before the runner reaped stopped ranks) to every run that keeps it and is rarely the cause: the deletion pass
     tries it before anything else (with 60 s of deletion time, a schedule with a hang got one run),
     then the latest faults first."""
     faults = [SimpleNamespace(kind=k) for k in ("kill", "stop", "errno", "stop")]
