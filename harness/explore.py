@@ -100,7 +100,7 @@ from .scenario import Expect, Fault, Recovery, Remote, Scenario, ScenarioError, 
 WORLD_SIZE = 2
 TRAINER = {"max_steps": 8, "ckpt_every_steps": 2, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
            "collective_timeout_s": 15}
-MAX_LAUNCHES = 2  # launch-ending faults per schedule: a relaunch costs 10-15 s here, a hang ~16 s more (the collective timeout)
+MAX_LAUNCHES = 2  # launch-ending faults per schedule: a relaunch costs 10-15 s here, a hang 16 s more
 # The fault kinds the search composes, by family. node/network (docker, netns) and remote (moto,
 # toxiproxy) cost seconds to minutes of set-up per run; they stay out of the search for now.
 KINDS: dict[str, tuple[str, ...]] = {
@@ -385,17 +385,13 @@ class FaultSchedule(RuleBasedStateMachine):
             self.step = max(self.step, fault.when.step)
         if (position := _position(fault.when)) is not None:
             self.last = max(self.last, position)
-        save, every = _save_step(fault.when), TRAINER["ckpt_every_steps"]
-        if fault.kind == "errno":  # its call fails the save after the trigger point
+        save = _save_step(fault.when)
+        if fault.kind in ("errno", "disk_full") and save is not None:  # the save fails after the trigger point
             dies = SAVE_POINTS.index(fault.when.point) + 1
             self.save_dies[save] = min(self.save_dies.get(save, len(SAVE_POINTS)), dies)
-        elif fault.kind == "disk_full":
-            if save is None:
-                self.full_from = fault.when.step
-            else:
-                dies = SAVE_POINTS.index(fault.when.point) + 1
-                self.save_dies[save] = min(self.save_dies.get(save, len(SAVE_POINTS)), dies)
-                self.full_from = save + every if dies > 1 else save
+        if fault.kind == "disk_full":  # and every later save in its shard write (this one's may have begun)
+            self.full_from = (fault.when.step if save is None
+                              else save + TRAINER["ckpt_every_steps"] if dies > 1 else save)
 
     # -- rules: training progress -----------------------------------------------------------
 
