@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -n 2 tests toxiproxy_server/tests
 
 # CHAOS_FLAGS=--strict (CI): a scenario this machine cannot run fails the suite instead of skipping.
 chaos: setup

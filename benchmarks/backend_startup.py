@@ -30,9 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import cluster  # noqa: E402
-from harness.history import trajectory  # noqa: E402
-from harness.launcher import launch  # noqa: E402
-from harness.runner import trainer_args  # noqa: E402
+from ckpt_chaos.check.history import trajectory  # noqa: E402
+from ckpt_chaos.env.launcher import launch  # noqa: E402
+from ckpt_chaos.run.runner import trainer_args  # noqa: E402
 
 TRAINER = {"max_steps": 4, "warmup_steps": 1, "ckpt_every_steps": 4, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
            "collective_timeout_s": 30}

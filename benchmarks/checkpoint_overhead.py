@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.history import trainer_events, trajectory_records  # noqa: E402
-from harness.launcher import run_to_end  # noqa: E402
-from harness.runner import trainer_args  # noqa: E402
+from ckpt_chaos.check.history import trainer_events, trajectory_records  # noqa: E402
+from ckpt_chaos.env.launcher import run_to_end  # noqa: E402
+from ckpt_chaos.run.runner import trainer_args  # noqa: E402
 
 SIZES = {"small": {"d_model": 64, "n_layers": 2}, "medium": {"d_model": 128, "n_layers": 4},
          "large": {"d_model": 256, "n_layers": 4}}

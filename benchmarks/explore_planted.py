@@ -3,7 +3,7 @@ finds against the correct trainer in the same budget.
 
 For each planted-bug trainer (with the process and storage families; process and topology for the
 bug only a world-size change shows, remote alone for the uploader's), and each
-seed: one search (``harness.explore.Search``, no example database, so nothing is remembered
+seed: one search (``ckpt_chaos.search.explore.Search``, no example database, so nothing is remembered
 between rounds) with a time budget for generation and one for shrinking, stopped at its first
 finding. Recorded: whether it found the bug, the time from the start to the first failing run,
 the fault count of the shrunk schedule, whether the written file reproduced, and the schedules
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.explore import Search  # noqa: E402
+from ckpt_chaos.search.explore import Search  # noqa: E402
 
 # Every planted checkpointing bug the other issues keep as tests (crashes_natively is not one: it is a
 # crash of the runtime, which the runner retries).

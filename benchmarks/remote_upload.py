@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.history import trainer_events, trajectory_records  # noqa: E402
-from harness.launcher import run_to_end  # noqa: E402
-from harness.objectstore import RemoteTier  # noqa: E402
-from harness.runner import trainer_args  # noqa: E402
+from ckpt_chaos.check.history import trainer_events, trajectory_records  # noqa: E402
+from ckpt_chaos.env.launcher import run_to_end  # noqa: E402
+from ckpt_chaos.env.objectstore import RemoteTier  # noqa: E402
+from ckpt_chaos.run.runner import trainer_args  # noqa: E402
 from reference_trainer.remote import RemoteStore  # noqa: E402
 
 FILES = {"__0_0.distcp": 5_300_000, "__1_0.distcp": 5_300_000, ".metadata": 100_000}

@@ -19,7 +19,7 @@ from jinja2 import Environment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.goodput import Costs, plot, recommend  # noqa: E402
+from ckpt_chaos.report.goodput import Costs, plot, recommend  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent

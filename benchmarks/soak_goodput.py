@@ -17,7 +17,7 @@ Measured, per soak run:
   interval across a save, less one without), which ``C`` should explain.
 
 Predicted, for each run from that run's own costs (the machine's load drifts during a soak): Daly's
-closed form (``harness.goodput.expected_goodput``) at interval ``every * s`` with the injected MTBF,
+closed form (``ckpt_chaos.report.goodput.expected_goodput``) at interval ``every * s`` with the injected MTBF,
 and a Monte Carlo over the same finite horizon of useful work (mean, 5-95 %): one short run is a
 sample from that spread, not its mean. ``--summarize-only`` recomputes them from the stored runs.
 
@@ -42,11 +42,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.goodput import Costs, expected_goodput, simulate  # noqa: E402
-from harness.history import read_jsonl, trainer_events  # noqa: E402
-from harness.launcher import launch, run_to_end  # noqa: E402
-from harness.probe import ENV_ATTEMPT  # noqa: E402
-from harness.runner import trainer_args  # noqa: E402
+from ckpt_chaos.report.goodput import Costs, expected_goodput, simulate  # noqa: E402
+from ckpt_chaos.check.history import read_jsonl, trainer_events  # noqa: E402
+from ckpt_chaos.env.launcher import launch, run_to_end  # noqa: E402
+from ckpt_chaos.probe import ENV_ATTEMPT  # noqa: E402
+from ckpt_chaos.run.runner import trainer_args  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 # The medium model of checkpoint_overhead.py: a 10.7 MB checkpoint, ~0.2 s steps on 2 cores.

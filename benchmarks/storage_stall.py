@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.history import trainer_events  # noqa: E402
-from harness.launcher import run_to_end  # noqa: E402
-from harness.runner import trainer_args  # noqa: E402
-from harness.storage import Storage, StorageSpec, missing  # noqa: E402
+from ckpt_chaos.check.history import trainer_events  # noqa: E402
+from ckpt_chaos.env.launcher import run_to_end  # noqa: E402
+from ckpt_chaos.run.runner import trainer_args  # noqa: E402
+from ckpt_chaos.env.storage import Storage, StorageSpec, missing  # noqa: E402
 
 TRAINER = {"max_steps": 12, "ckpt_every_steps": 2, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
            "d_model": 128, "n_layers": 4, "keep_last": 2}

@@ -36,7 +36,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
-from harness import probe
+from ckpt_chaos import probe
 
 from .layout import (  # noqa: F401  (re-exported: the directory layout is part of this module's API)
     MANIFEST, LATEST, TMP_PREFIX, TRASH_PREFIX, REJECTED, FORMAT,

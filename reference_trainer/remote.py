@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
-from harness import probe
-from harness.probe import ENV_ROLE  # the probe reports the uploader's events with role "uploader"
+from ckpt_chaos import probe
+from ckpt_chaos.probe import ENV_ROLE  # the probe reports the uploader's events with role "uploader"
 
 from . import layout as ck
 

@@ -33,7 +33,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from harness import probe
+from ckpt_chaos import probe
 
 from .checkpoint import CheckpointManager
 from .config import ConfigError, TrainConfig, resume_mismatches

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.history import final_state, trainer_events, trajectory
-from harness.launcher import REPO_ROOT, run_to_end
-from harness.runner import trainer_args as as_flags
+from ckpt_chaos.check.history import final_state, trainer_events, trajectory
+from ckpt_chaos.env.launcher import REPO_ROOT, run_to_end
+from ckpt_chaos.run.runner import trainer_args as as_flags
 
 # Small enough for a 2-core machine, big enough to cross epochs (96 samples = 6 steps per epoch)
 # and to accumulate gradients (2 micro-batches per step).
@@ -47,7 +47,7 @@ def _ctrl_c_as_in_a_terminal() -> None:
 
 def start_cli(tmp_path: Path, scenario: str, reports: Path | None = None) -> subprocess.Popen:
     """``ckpt-chaos run SCENARIO`` as a child process (to interrupt or SIGKILL it), output piped."""
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", scenario, "--reports",
+    return subprocess.Popen([sys.executable, "-m", "ckpt_chaos.cli", "run", scenario, "--reports",
                              str(reports or tmp_path / "r"), "--golden-dir", str(tmp_path / "golden")],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_ctrl_c_as_in_a_terminal)

@@ -16,14 +16,14 @@ import time
 import pytest
 
 from harness import cluster
-from harness.cluster import Cluster, leftovers, remove_leftovers
-from harness.launcher import REPO_ROOT
-from harness.nemesis import partition_rules
-from harness.runner import run_scenario
-from harness.scenario import load
+from ckpt_chaos.env.cluster import Cluster, leftovers, remove_leftovers
+from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.faults.nemesis import partition_rules
+from ckpt_chaos.run.runner import run_scenario
+from ckpt_chaos.scenario import load
 from tests.helpers import start_cli
 
-SCENARIOS = REPO_ROOT / "scenarios" / "cluster"
+SCENARIOS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "cluster"
 NO_NETNS = cluster.missing("netns")
 needs_netns = pytest.mark.skipif(NO_NETNS is not None, reason=f"no network namespaces here: {NO_NETNS}")
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.launcher import REPO_ROOT, run_to_end
+from ckpt_chaos.env.launcher import REPO_ROOT, run_to_end
 from reference_trainer.checkpoint import checkpoint_name, parse_name, validate, write_durably
 from reference_trainer.config import ConfigError, TrainConfig, load_config, resume_mismatches
 from reference_trainer.data import GlobalBatchSampler

@@ -1,4 +1,4 @@
-"""The fault-schedule search (harness/explore.py): what it generates, how it shrinks, what it reports.
+"""The fault-schedule search (ckpt_chaos/search/explore.py): what it generates, how it shrinks, what it reports.
 
 The fast tests drive the real state machine and search loop with checkers that run no training
 (a verdict computed from the schedule, or one that changes between runs); the slow one searches
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.explore import (ERRNO_SITES, MAX_LAUNCHES, SAVE_POINTS, STEP_POINTS, TRAINER, Search, _deletion_order,
+from ckpt_chaos.search.explore import (ERRNO_SITES, MAX_LAUNCHES, SAVE_POINTS, STEP_POINTS, TRAINER, Search, _deletion_order,
                              identity, tries, where)
-from harness.runner import Result, run_scenario
-from harness.scenario import Fault, Trigger, from_dict, load
+from ckpt_chaos.run.runner import Result, run_scenario
+from ckpt_chaos.scenario import Fault, Trigger, from_dict, load
 
 
 def _result(s, failed: dict[str, str]) -> Result:

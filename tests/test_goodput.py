@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.goodput import Costs, _draws, daly_interval, expected_goodput, recommend, simulate, young_interval
+from ckpt_chaos.report.goodput import Costs, _draws, daly_interval, expected_goodput, recommend, simulate, young_interval
 
 costs = st.builds(Costs, save=st.floats(1, 120), restart=st.floats(10, 900), mtbf=st.floats(1800, 48 * 3600))
 
@@ -51,7 +51,7 @@ def test_the_current_interval_is_scored_against_the_best():
 
 
 def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "harness.cli", "cadence", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "cadence", *args], capture_output=True, text=True,
                           cwd=cwd)
 
 

@@ -7,14 +7,14 @@ import dataclasses
 
 import pytest
 
-from harness.history import read_history
-from harness.launcher import REPO_ROOT
-from harness.runner import run_scenario
-from harness.scenario import load
+from ckpt_chaos.check.history import read_history
+from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.run.runner import run_scenario
+from ckpt_chaos.scenario import load
 
 pytestmark = pytest.mark.slow
 
-SCENARIOS = REPO_ROOT / "scenarios" / "process"
+SCENARIOS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "process"
 
 
 @pytest.fixture(scope="session")

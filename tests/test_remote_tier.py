@@ -12,11 +12,11 @@ import json
 import psutil
 import pytest
 
-from harness.launcher import REPO_ROOT
-from harness.runner import run_scenario
-from harness.scenario import ScenarioError, from_dict, load
+from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.run.runner import run_scenario
+from ckpt_chaos.scenario import ScenarioError, from_dict, load
 
-SCENARIOS = REPO_ROOT / "scenarios" / "remote"
+SCENARIOS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "remote"
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,9 @@ import sys
 import pytest
 
 from harness import results
-from harness.launcher import REPO_ROOT
-from harness.runner import Result, run_scenario
-from harness.scenario import load
+from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.run.runner import Result, run_scenario
+from ckpt_chaos.scenario import load
 
 ARTEFACTS = REPO_ROOT / "reports" / "artefacts"
 
@@ -26,7 +26,7 @@ ARTEFACTS = REPO_ROOT / "reports" / "artefacts"
 def suite_run(tmp_path_factory):
     """A suite run directory holding one real chaos run (rank 1 killed mid-write) and one skipped row."""
     out = tmp_path_factory.mktemp("suite")
-    s = load(REPO_ROOT / "scenarios" / "process" / "kill-rank1-mid-shard-write.toml")
+    s = load(REPO_ROOT / "ckpt_chaos" / "scenarios" / "process" / "kill-rank1-mid-shard-write.toml")
     ran = run_scenario(s, out, tmp_path_factory.mktemp("golden"))
     skipped = Result(scenario="needs-what-is-missing", verdict="skipped", families=["storage"], kinds=["disk_full"],
                      reason="cannot inject disk_full on fs=tmpfs: not root")
@@ -63,11 +63,11 @@ def test_the_report_shows_each_scenario_with_its_plots_and_diagnosis(suite_run):
 def test_report_rebuilds_from_stored_results(suite_run):
     out, html, _ = suite_run
     html.unlink()
-    p = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(out), "--no-plots"],
+    p = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "report", str(out), "--no-plots"],
                        capture_output=True, text=True, cwd=REPO_ROOT)
     assert p.returncode == 0, p.stderr
     assert html.is_file() and "kill-rank1-mid-shard-write" in html.read_text()
-    bad = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(out / "nowhere")],
+    bad = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "report", str(out / "nowhere")],
                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert bad.returncode == 2 and "holds no results.json" in bad.stderr
 
@@ -92,7 +92,7 @@ def test_a_plot_that_does_not_load_is_reported_by_the_browser_check(suite_run, t
     broken = tmp_path / "suite"
     shutil.copytree(out, broken, symlinks=True)
     (broken / "kill-rank1-mid-shard-write" / "loss.svg").write_text("not an svg")
-    p = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(broken), "--no-plots", "--browser"],
+    p = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "report", str(broken), "--no-plots", "--browser"],
                        capture_output=True, text=True, cwd=REPO_ROOT)
     assert p.returncode == 1 and "1 of 2 plots did not load" in p.stderr, p.stdout + p.stderr
 

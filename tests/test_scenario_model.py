@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.generator import Generator
-from harness.launcher import REPO_ROOT
-from harness.scenario import Fault, Scenario, ScenarioError, Trigger, catalogue, load, target_ranks
+from ckpt_chaos.run.triggers import Generator
+from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.scenario import Fault, Scenario, ScenarioError, Trigger, catalogue, load, target_ranks
 
 GOOD = """
 description = "ok"
@@ -171,7 +171,7 @@ def test_broken_toml_is_reported_with_the_file(tmp_path):
 
 
 def test_the_catalogue_is_valid_and_has_at_least_12_process_and_8_cluster_scenarios():
-    scenarios = catalogue(REPO_ROOT / "scenarios")
+    scenarios = catalogue(REPO_ROOT / "ckpt_chaos" / "scenarios")
     assert len([s for s in scenarios if "process" in s.families]) >= 12
     cluster = [s for s in scenarios if s.cluster.multi_node and "default" in s.suites]
     assert len(cluster) >= 8
@@ -216,7 +216,7 @@ def test_pytest_collects_scenarios_with_markers_and_rejects_invalid_files(tmp_pa
         return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                                *args], cwd=REPO_ROOT, capture_output=True, text=True)
 
-    out = collect("scenarios", "-m", "kill and mid_write")
+    out = collect("ckpt_chaos/scenarios", "-m", "kill and mid_write")
     names = [line for line in out.stdout.splitlines() if "::" in line]
     assert out.returncode == 0 and names and all(".toml::" in n for n in names), out.stdout
     assert any("kill-rank1-mid-shard-write" in n for n in names)
@@ -231,7 +231,7 @@ def test_pytest_collects_scenarios_with_markers_and_rejects_invalid_files(tmp_pa
 
 def test_cli_refuses_an_invalid_scenario_file_before_running_anything(tmp_path):
     bad = write(tmp_path, GOOD.replace("max_steps = 12", "max_steps = 'many'"))
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(bad), "--reports", str(tmp_path / "r")],
+    out = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "run", str(bad), "--reports", str(tmp_path / "r")],
                          cwd=REPO_ROOT, capture_output=True, text=True)
     assert out.returncode == 2
     assert str(bad) in out.stderr and "trainer" in out.stderr

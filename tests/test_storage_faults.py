@@ -16,13 +16,13 @@ import time
 
 import pytest
 
-from harness.launcher import REPO_ROOT
-from harness.runner import run_scenario
-from harness.scenario import load
-from harness.storage import Storage, StorageSpec, leftovers, missing, remove_leftovers
+from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.run.runner import run_scenario
+from ckpt_chaos.scenario import load
+from ckpt_chaos.env.storage import Storage, StorageSpec, leftovers, missing, remove_leftovers
 from tests.helpers import start_cli
 
-SCENARIOS = REPO_ROOT / "scenarios" / "storage"
+SCENARIOS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "storage"
 NO_FAULTFS = missing("tmpfs", faultfs=True)
 needs_faultfs = pytest.mark.skipif(NO_FAULTFS is not None, reason=f"cannot mount faultfs here: {NO_FAULTFS}")
 
@@ -181,9 +181,9 @@ def test_save_swallowing_enospc_is_caught(tmp_path, golden_root):
 
 
 def test_a_machine_without_what_a_fault_needs_skips_loudly(tmp_path, monkeypatch):
-    import harness.nemesis
+    import ckpt_chaos.faults.nemesis
 
-    monkeypatch.setattr(harness.nemesis, "missing", lambda *a, **k: "mounting a file system needs root")
+    monkeypatch.setattr(ckpt_chaos.faults.nemesis, "missing", lambda *a, **k: "mounting a file system needs root")
     result = run_scenario(load(SCENARIOS / "disk-full-mid-shard-write.toml"), tmp_path / "r", tmp_path / "golden")
     assert result.verdict == "skipped"
     assert result.reason == ("cannot inject disk_full on fs=tmpfs: mounting a file system needs root")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.controller import ProbeServer
-from harness.launcher import launch
+from ckpt_chaos.run.controller import ProbeServer
+from ckpt_chaos.env.launcher import launch
 from tests.helpers import final_state, log_tail, mismatches, train, trainer_args, trainer_events, trajectory
 
 pytestmark = pytest.mark.slow

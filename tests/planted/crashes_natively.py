@@ -5,7 +5,7 @@ import os
 import signal
 from pathlib import Path
 
-from harness import probe
+from ckpt_chaos import probe
 from reference_trainer import checkpoint
 
 _save = checkpoint.CheckpointManager.save

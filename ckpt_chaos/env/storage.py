@@ -37,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from .launcher import REPO_ROOT
+from ckpt_chaos.env.launcher import REPO_ROOT
 
 MARK = "ckpt-chaos"
 FIU_LIBS = ("/usr/lib/fiu/fiu_run_preload.so", "/usr/lib/fiu/fiu_posix_preload.so")
@@ -180,7 +180,7 @@ class Storage:
             control = f"@{self.tag}-{uuid.uuid4().hex[:12]}"  # abstract: run paths can be too long
             log = open(self.root / "faultfs.log", "ab")
             self._daemon = subprocess.Popen(
-                [sys.executable, "-m", "harness.faultfs", str(self.fs), str(self.ckpt), control, self.tag],
+                [sys.executable, "-m", "ckpt_chaos.env.faultfs", str(self.fs), str(self.ckpt), control, self.tag],
                 stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True)
             log.close()
             self._mounted.append(self.ckpt)
@@ -333,7 +333,7 @@ def _faultfs_daemons() -> dict[int, int]:
     found = {}
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info["cmdline"] or []
-        m = _TAG.search(cmd[-1]) if "harness.faultfs" in cmd else None
+        m = _TAG.search(cmd[-1]) if "ckpt_chaos.env.faultfs" in cmd else None
         if m:
             found[p.info["pid"]] = int(m.group(1))
     return found

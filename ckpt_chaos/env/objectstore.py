@@ -3,7 +3,7 @@
 No S3-compatible server is in the package registries here, so a run starts moto's standalone
 server (``python -m moto.server``), a real HTTP server that speaks the S3 REST API, as a child of
 the harness that dies with it. The trainer reaches it through the fault proxy
-(``harness/toxiproxy.py``), so the upload link can be cut, slowed or reset; the harness reads the
+(``toxiproxy_server/__init__.py``), so the upload link can be cut, slowed or reset; the harness reads the
 bucket directly, never through the proxy.
 
 Nothing here is moto-specific beyond starting it: to run against MinIO or a cloud bucket, set
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .launcher import _term_when_parent_dies
-from .toxiproxy import connect, free_port
+from ckpt_chaos.env.launcher import _term_when_parent_dies
+from toxiproxy_server import connect, free_port
 
 ENV_ENDPOINT = "CKPT_CHAOS_S3_ENDPOINT"
 BUCKET = "ckpt-chaos"

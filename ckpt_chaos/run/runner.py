@@ -29,18 +29,18 @@ from pathlib import Path
 import psutil
 from filelock import FileLock
 
-from . import checker
-from .controller import ProbeServer
-from .generator import Generator, launch_of
-from .history import History, final_state, read_history, snapshot_checkpoints, trainer_events
-from .launcher import REPO_ROOT, Job, launch
-from . import cluster as cluster_module
-from .cluster import Cluster
-from .nemesis import ClusterNemesis, ProcessNemesis, RemoteNemesis, StorageNemesis, requirements
-from .objectstore import RemoteTier
-from .probe import ENV_ATTEMPT
-from .scenario import Scenario
-from .storage import Storage, remove_leftovers
+from ckpt_chaos.check import checks as checker
+from ckpt_chaos.run.controller import ProbeServer
+from ckpt_chaos.run.triggers import Generator, launch_of
+from ckpt_chaos.check.history import History, final_state, read_history, snapshot_checkpoints, trainer_events
+from ckpt_chaos.env.launcher import REPO_ROOT, Job, launch
+from ckpt_chaos.env import cluster as cluster_module
+from ckpt_chaos.env.cluster import Cluster
+from ckpt_chaos.faults.nemesis import ClusterNemesis, ProcessNemesis, RemoteNemesis, StorageNemesis, requirements
+from ckpt_chaos.env.objectstore import RemoteTier
+from ckpt_chaos.probe import ENV_ATTEMPT
+from ckpt_chaos.scenario import Scenario
+from ckpt_chaos.env.storage import Storage, remove_leftovers
 
 DEFAULT_GOLDEN_DIR = REPO_ROOT / "runs" / "golden"
 # torchrun's line when it begins to close a worker group (torch/distributed/elastic/multiprocessing/api.py).
@@ -81,7 +81,7 @@ def trainer_args(cfg: dict) -> list[str]:
 def _code_hash(module: str) -> str:
     """Hash of the trainer's code (and the harness probe it calls) so a code change invalidates goldens."""
     h = hashlib.sha256()
-    roots = [REPO_ROOT / "reference_trainer", REPO_ROOT / "harness" / "probe.py"]
+    roots = [REPO_ROOT / "reference_trainer", REPO_ROOT / "ckpt_chaos" / "probe"]
     mod_path = REPO_ROOT / (module.replace(".", "/") + ".py")
     if mod_path.is_file():
         roots.append(mod_path)

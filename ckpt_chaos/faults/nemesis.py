@@ -5,7 +5,7 @@ SIGKILL "mid-shard-write" lands exactly there. Each action returns the answer fo
 (``None``: continue) and a record of what it did, which goes into the history.
 
 Process faults need nothing beyond signals to the job's own processes. Storage faults act on
-the run's storage stack (``harness/storage.py``): a ballast file, faultfs rules, libfiu, a
+the run's storage stack (``ckpt_chaos/env/storage.py``): a ballast file, faultfs rules, libfiu, a
 simulated power cut, or bytes of committed files. ``requirements`` says what a fault needs so
 the runner can skip, loudly, a fault this machine cannot inject.
 """
@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from . import cluster as cluster_module
-from .cluster import FW_TABLE, STORE_PORT, Cluster
-from .launcher import Job
-from .scenario import Fault, Scenario, target_ranks
-from .storage import Storage, missing
+from ckpt_chaos.env import cluster as cluster_module
+from ckpt_chaos.env.cluster import FW_TABLE, STORE_PORT, Cluster
+from ckpt_chaos.env.launcher import Job
+from ckpt_chaos.scenario import Fault, Scenario, target_ranks
+from ckpt_chaos.env.storage import Storage, missing
 
 if TYPE_CHECKING:
-    from .objectstore import RemoteTier
+    from ckpt_chaos.env.objectstore import RemoteTier
 
 
 def requirements(s: Scenario) -> str | None:

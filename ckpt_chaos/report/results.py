@@ -57,7 +57,7 @@ def write(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool
 
 def render(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool = True) -> Path:
     """index.html from stored results (``ckpt-chaos report`` calls this on an old run)."""
-    from .report import plot_scenario
+    from ckpt_chaos.report.plots import plot_scenario
 
     out = Path(out)
     rows = []

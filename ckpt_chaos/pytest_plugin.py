@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from .launcher import REPO_ROOT
-from .scenario import FAMILIES, FAULT_KINDS, Scenario, load
+from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.scenario import FAMILIES, FAULT_KINDS, Scenario, load
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -73,7 +73,7 @@ class ScenarioItem(pytest.Item):
         self.scenario = scenario
 
     def runtest(self) -> None:
-        from .runner import run_scenario
+        from ckpt_chaos.run.runner import run_scenario
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         out = Path(self.config.getoption("chaos_out")) / worker

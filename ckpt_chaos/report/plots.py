@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .history import read_history, read_jsonl
+from ckpt_chaos.check.history import read_history, read_jsonl
 
 # One colour per kind of thing on a timeline, as Jepsen gives each fault package its colour.
 COLOURS = {"step": "#9ecae1", "save": "#31a354", "load": "#756bb1", "upload": "#fd8d3c", "fault": "#de2d26",

@@ -15,7 +15,7 @@ Public API::
     connect(url=None) -> ToxiproxyServer     # TOXIPROXY_URL, else toxiproxy-server on PATH, else ours
     server.url, server.host, server.port, server.close(), server.client(); `with server: ...`
     ApiServer(host, port).start()            # the same server in this process (a daemon thread)
-    python -m harness.toxiproxy --help       # the server itself (accepts toxiproxy-server's flags)
+    python -m toxiproxy_server --help       # the server itself (accepts toxiproxy-server's flags)
 
 The proxy's threads run in the child process, so they do not compete for the harness's GIL;
 without toxics it carries about 1 GB/s on loopback. The child exits when the harness does, even
@@ -85,6 +85,7 @@ import random
 import re
 import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -96,9 +97,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
-from .launcher import REPO_ROOT, _term_when_parent_dies
 
 logger = logging.getLogger(__name__)
+
+
+def _term_when_parent_dies() -> None:
+    """In the child: exit with SIGTERM when the process that started it dies (Linux PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 VERSION = "2.12.0"  # the Toxiproxy release whose API this server follows
 DEFAULT_PORT = 8474
@@ -1220,15 +1230,17 @@ class ToxiproxyServer:
 
 
 def start_server(host: str = "127.0.0.1", port: int = 0, timeout: float = 20.0) -> ToxiproxyServer:
-    """Start this module's server as a child process (``python -m harness.toxiproxy``), with its
+    """Start this module's server as a child process (``python -m toxiproxy_server``), with its
     own GIL, that dies with the harness, and wait until its API answers. Port 0: a free port."""
     supervision = ["--supervised"]
     if threading.current_thread() is threading.main_thread():
         # PR_SET_PDEATHSIG fires when the thread that forked the child ends, so only the main
         # thread's children can use it; every child also exits when its stdin pipe closes.
         supervision += ["--parent-pid", str(os.getpid())]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    process = subprocess.Popen([sys.executable, "-m", "harness.toxiproxy", "--host", host, "--port", str(port),
+    # The child must import this very package, installed or not.
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen([sys.executable, "-m", "toxiproxy_server", "--host", host, "--port", str(port),
                                 *supervision], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:
         address = _read_announcement(process, timeout)
@@ -1310,7 +1322,7 @@ def connect(url: str | None = None) -> ToxiproxyServer:
 
 
 # --------------------------------------------------------------------------------------------
-# python -m harness.toxiproxy
+# python -m toxiproxy_server
 
 
 def _watch_parent(parent_pid: int | None) -> None:
@@ -1331,7 +1343,7 @@ def _watch_parent(parent_pid: int | None) -> None:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m harness.toxiproxy",
+        prog="python -m toxiproxy_server",
         description="A Toxiproxy-compatible fault proxy (HTTP API v2 of Shopify/toxiproxy) in pure Python. "
                     "Drive it with any Toxiproxy client, e.g. toxiproxy-python or toxiproxy-cli. "
                     "Takes toxiproxy-server's flags, with one dash or two.")
@@ -1350,7 +1362,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.version:
-        print(f"toxiproxy-server version {VERSION} (harness.toxiproxy, Python)")
+        print(f"toxiproxy-server version {VERSION} (toxiproxy_server, Python)")
         return 0
     if args.supervised:
         _watch_parent(args.parent_pid)
@@ -1382,6 +1394,3 @@ def main(argv: list[str] | None = None) -> int:
         server.close()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

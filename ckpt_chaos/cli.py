@@ -9,15 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from .launcher import REPO_ROOT
+from ckpt_chaos.env.launcher import REPO_ROOT
 
-SCENARIO_DIR = REPO_ROOT / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 REPORTS_DIR = REPO_ROOT / "reports"
 
 
 def _select(args: argparse.Namespace):
     """Scenarios named on the command line (names or files), else the suite's; errors exit 2."""
-    from .scenario import ScenarioError, catalogue, load
+    from ckpt_chaos.scenario import ScenarioError, catalogue, load
 
     try:
         everything = catalogue(args.scenarios_dir)
@@ -53,8 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from . import results
-    from .runner import run_scenario
+    from ckpt_chaos.report import results
+    from ckpt_chaos.run.runner import run_scenario
 
     chosen = _select(args)
     if not chosen:
@@ -107,8 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Re-run the checkers over a stored scenario run, without running anything."""
-    from .runner import evaluate
-    from .scenario import load
+    from ckpt_chaos.run.runner import evaluate
+    from ckpt_chaos.scenario import load
 
     run_dir = Path(args.run_dir)
     s = load(run_dir / "scenario.toml")
@@ -153,7 +153,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"ckpt-chaos report: {root} holds no results.json; give a suite run directory such as "
               f"reports/default/latest", file=sys.stderr)
         return 2
-    from . import results
+    from ckpt_chaos.report import results
 
     html = results.rebuild(root, plots=not args.no_plots)
     print(f"report: {html}")
@@ -177,7 +177,7 @@ def cmd_cadence(args: argparse.Namespace) -> int:
     """Goodput against checkpoint interval for the user's costs and MTBF; no training is run."""
     from dataclasses import asdict
 
-    from .goodput import Costs, plot, recommend
+    from ckpt_chaos.report.goodput import Costs, plot, recommend
 
     mtbf = args.mtbf_h * 3600 if args.mtbf_h else None
     if args.node_mtbf_h:  # independent nodes: the job fails when any node does
@@ -224,7 +224,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     """Search random fault schedules for a failure; write each one found, shrunk, as a scenario file."""
     from rich.console import Console
 
-    from .explore import KINDS, Search
+    from ckpt_chaos.search.explore import KINDS, Search
 
     families = [f for f in args.families.split(",") if f]
     bad = [f for f in families if f not in KINDS]

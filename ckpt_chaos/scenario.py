@@ -20,7 +20,7 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
     kind = "kill"                   # see FAULT_KINDS
     target = "rank:1"               # rank:N | ranks:A,B | all | majority | minority | node:N | triggering
     [faults.when]                   # a count of probe events, never a timer
-    point = "ckpt.shard.write"      # probe point (harness/probe.py POINTS)
+    point = "ckpt.shard.write"      # probe point (ckpt_chaos/probe/__init__.py POINTS)
     rank = 1                        # count only this rank's events (default: any rank)
     save = 2                        # only inside the 2nd save of the launch
     min_fraction = 0.5              # ckpt.shard.write: at least half of the shard's bytes written
@@ -95,7 +95,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .probe import POINTS
+from ckpt_chaos.probe import POINTS
 
 # Points the harness observes from outside, for trainers that do not call the probe.
 EXTERNAL_POINTS = (
@@ -313,8 +313,8 @@ class Scenario:
         return (world_size or self.world_size) // self.cluster.ranks_per_node if self.cluster.multi_node else 1
 
     def storage_spec(self):
-        """The storage stack the faults need (harness/storage.py)."""
-        from .storage import StorageSpec
+        """The storage stack the faults need (ckpt_chaos/env/storage.py)."""
+        from ckpt_chaos.env.storage import StorageSpec
 
         faultfs = any(f.kind in ("slow", "power_loss") or (f.kind == "errno" and f.via == "faultfs")
                       for f in self.faults)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import psutil
 
-from .probe import ENV_CONTROLLER
+from ckpt_chaos.probe import ENV_CONTROLLER
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB_MARKER = "CKPT_CHAOS_JOB"
 
 

@@ -92,8 +92,8 @@ from hypothesis.control import current_build_context
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from .launcher import REPO_ROOT
-from .scenario import Expect, Fault, Recovery, Remote, Scenario, ScenarioError, Storage, Trigger, load, validate
+from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.scenario import Expect, Fault, Recovery, Remote, Scenario, ScenarioError, Storage, Trigger, load, validate
 
 # A small job: 2 ranks, 8 steps, a checkpoint every 2 steps (4 saves); a launch takes 10-15 s on this
 # 2-core machine, most of it torchrun, imports and process groups.
@@ -126,7 +126,7 @@ HYPOTHESIS_SHRINK_SHARE = 0.5
 # Examples per hypothesis round; the search runs rounds (seed, seed + 1, ...) until its budget is spent.
 EXAMPLES_PER_ROUND = 20
 DEFAULT_DB = REPO_ROOT / ".hypothesis" / "explore"
-REGRESSIONS = REPO_ROOT / "scenarios" / "regressions"
+REGRESSIONS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "regressions"
 
 STEP_POINTS = ("step.begin", "microstep.end", "step.end")
 SAVE_POINTS = ("ckpt.stage", "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata", "ckpt.fsync",
@@ -707,7 +707,7 @@ class Search:
         unknown = [f for f in families if f not in KINDS]
         if unknown:
             raise ValueError(f"unknown family {unknown[0]!r} for the search; searchable: {', '.join(KINDS)}")
-        from .runner import DEFAULT_GOLDEN_DIR, run_scenario
+        from ckpt_chaos.run.runner import DEFAULT_GOLDEN_DIR, run_scenario
 
         self.trainer_module = trainer_module
         self.kinds = {k for f in families for k in KINDS[f]}

@@ -37,8 +37,8 @@ from pathlib import Path
 import psutil
 from filelock import FileLock
 
-from .launcher import JOB_MARKER, REPO_ROOT, _term_when_parent_dies, job_processes
-from .probe import ENV_CONTROLLER
+from ckpt_chaos.env.launcher import JOB_MARKER, REPO_ROOT, _term_when_parent_dies, job_processes
+from ckpt_chaos.probe import ENV_CONTROLLER
 
 STORE_PORT = 29400  # the c10d rendezvous store on node 0 (also the workers' store)
 LABEL = "ckpt-chaos.owner"  # docker label: pid of the harness that made the object

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 from collections import defaultdict
 
-from .scenario import Fault, Trigger
+from ckpt_chaos.scenario import Fault, Trigger
 
 
 def launch_of(event: dict) -> int:

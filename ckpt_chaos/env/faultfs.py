@@ -1,6 +1,6 @@
 """faultfs: a FUSE pass-through file system that fails, slows down and forgets, on command.
 
-The harness mounts it over a run's checkpoint directory (``harness/storage.py``) and drives it
+The harness mounts it over a run's checkpoint directory (``ckpt_chaos/env/storage.py``) and drives it
 through a control socket while the trainer runs on top of it. Because it sits under the VFS, it
 sees every call a trainer makes whatever the call's flavour (``openat``, ``renameat2``,
 ``mkdirat``, writes from any thread), which ``LD_PRELOAD`` tools such as libfiu cannot. It offers:
@@ -17,7 +17,7 @@ sees every call a trainer makes whatever the call's flavour (``openat``, ``renam
   power cut would leave: un-fsynced data is dropped (a file reverts to its last fsynced content,
   a never-fsynced file is empty) and un-persisted namespace operations are undone, newest first.
 
-Run as ``python -m harness.faultfs BACKING MOUNTPOINT CONTROL_SOCKET FSNAME`` (``@name``: an
+Run as ``python -m ckpt_chaos.env.faultfs BACKING MOUNTPOINT CONTROL_SOCKET FSNAME`` (``@name``: an
 abstract socket). ``BACKING/data``
 is what the mount shows; ``BACKING/.faultfs`` holds durable copies and the entries that an
 undo may need back, on the same file system so that keeping them is a rename, not a copy.
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
 
-from harness.storage import socket_address
+from ckpt_chaos.env.storage import socket_address
 
 # Call names a rule may use, and the FUSE operations each covers.
 CALLS = {

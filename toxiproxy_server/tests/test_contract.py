@@ -1,6 +1,6 @@
 """The Toxiproxy contract: what the harness relies on from the fault proxy.
 
-The suite runs against whatever ``harness.toxiproxy.connect()`` returns: the real Go server when
+The suite runs against whatever ``toxiproxy_server.connect()`` returns: the real Go server when
 ``TOXIPROXY_URL`` names one or ``toxiproxy-server`` is on PATH, our Python server otherwise. It
 drives the server only through ``toxiproxy-python`` (its ``Toxiproxy``/``Proxy`` objects, and its
 ``APIConsumer`` where the high-level client checks on its own side instead of asking the server)
@@ -43,7 +43,7 @@ from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
-from harness.toxiproxy import connect
+from toxiproxy_server import connect
 
 pytestmark = pytest.mark.timeout(60)
 

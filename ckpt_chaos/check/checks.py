@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .history import final_state, read_history, trajectory, trajectory_records, trainer_events
-from .scenario import Fault, Scenario
+from ckpt_chaos.check.history import final_state, read_history, trajectory, trajectory_records, trainer_events
+from ckpt_chaos.scenario import Fault, Scenario
 
 EXACT_FIELDS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_seen")
 COMPONENTS = ("model", "optimizer", "scheduler", "counters", "dataloader", "rng", "grads")

@@ -1,0 +1,5 @@
+import sys
+
+from toxiproxy_server import main
+
+sys.exit(main())
