@@ -1,0 +1,125 @@
+"""Where ckpt-chaos reads scenarios from and writes to, for a project that installed it.
+
+Nothing here depends on where the package itself lies: the built-in catalogue is package data,
+runs and reports go under the output directory (the current directory unless told otherwise),
+and fault-free (golden) runs are cached per user, so they survive between projects' runs and are
+shared by them.
+
+A project configures ckpt-chaos in its own ``pyproject.toml``::
+
+    [tool.ckpt-chaos]
+    scenarios = ["chaos/scenarios"]   # folders of the project's own scenario files (relative to the file)
+    out = "build/chaos"               # where runs and reports go (default: the current directory)
+    builtin = true                    # also offer the built-in catalogue (default: true)
+
+Environment variables: ``CKPT_CHAOS_CACHE`` moves the cache (golden runs, search database);
+``CKPT_CHAOS_OUT`` sets the output directory when ``--out`` is not given.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_CACHE = "CKPT_CHAOS_CACHE"
+ENV_OUT = "CKPT_CHAOS_OUT"
+TOOL_TABLE = "ckpt-chaos"
+
+
+class ConfigError(ValueError):
+    """A ``[tool.ckpt-chaos]`` table that cannot be used; the message names the file, key and fix."""
+
+
+def builtin_scenarios() -> Path:
+    """The catalogue shipped with the package."""
+    return Path(__file__).resolve().parent / "scenarios"
+
+
+def cache_dir() -> Path:
+    """``$CKPT_CHAOS_CACHE``, else the user's cache directory (``~/.cache/ckpt-chaos`` on Linux)."""
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE]).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("ckpt-chaos", appauthor=False))
+
+
+def golden_dir() -> Path:
+    """The cache of fault-free runs, keyed by trainer code, configuration and world size."""
+    return cache_dir() / "golden"
+
+
+@dataclass
+class ProjectConfig:
+    """The ``[tool.ckpt-chaos]`` table of the project being tested (empty outside a project)."""
+
+    file: Path | None = None  # the pyproject.toml it came from
+    scenarios: list[Path] = field(default_factory=list)  # the project's own scenario folders
+    out: Path | None = None  # where runs and reports go
+    builtin: bool = True  # offer the built-in catalogue too
+
+    def scenario_dirs(self) -> list[Path]:
+        """Folders to find scenarios in: the project's first, then the built-in catalogue."""
+        return [*self.scenarios, *([builtin_scenarios()] if self.builtin else [])]
+
+
+def find_pyproject(start: Path | None = None) -> Path | None:
+    """The nearest ``pyproject.toml`` at or above ``start`` (the current directory)."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "pyproject.toml").is_file():
+            return d / "pyproject.toml"
+    return None
+
+
+def project_config(start: Path | None = None) -> ProjectConfig:
+    """Read ``[tool.ckpt-chaos]`` from the nearest ``pyproject.toml``; no table, no settings."""
+    path = find_pyproject(start)
+    if path is None:
+        return ProjectConfig()
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read it: {e}; fix the file or run from another directory") from None
+    table = data.get("tool", {}).get(TOOL_TABLE)
+    if table is None:
+        return ProjectConfig()
+    key = f"tool.{TOOL_TABLE}"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {key}: expected a table; write [{key}] with keys")
+    allowed = {"scenarios", "out", "builtin"}
+    for k in table:
+        if k not in allowed:
+            raise ConfigError(f"{path}: {key}.{k}: unknown key; allowed keys: {', '.join(sorted(allowed))}")
+    scenarios = table.get("scenarios", [])
+    if isinstance(scenarios, str):
+        scenarios = [scenarios]
+    if not (isinstance(scenarios, list) and all(isinstance(s, str) for s in scenarios)):
+        raise ConfigError(f"{path}: {key}.scenarios: expected a list of folders; e.g. scenarios = [\"chaos\"]")
+    dirs = [(path.parent / s).resolve() for s in scenarios]
+    for s, d in zip(scenarios, dirs):
+        if not d.is_dir():
+            raise ConfigError(f"{path}: {key}.scenarios: {s!r} is not a folder (looked for {d}); "
+                              "create it or fix the path")
+    out = table.get("out")
+    if out is not None and not isinstance(out, str):
+        raise ConfigError(f"{path}: {key}.out: expected a path string; e.g. out = \"build/chaos\"")
+    builtin = table.get("builtin", True)
+    if not isinstance(builtin, bool):
+        raise ConfigError(f"{path}: {key}.builtin: expected true or false")
+    return ProjectConfig(file=path, scenarios=dirs, out=(path.parent / out).resolve() if out else None,
+                         builtin=builtin)
+
+
+def out_dir(option: str | Path | None = None, project: ProjectConfig | None = None) -> Path:
+    """Where runs and reports go: ``--out``, else ``$CKPT_CHAOS_OUT``, else the project's ``out``,
+    else the current directory."""
+    if option:
+        return Path(option).resolve()
+    if os.environ.get(ENV_OUT):
+        return Path(os.environ[ENV_OUT]).resolve()
+    if project is not None and project.out is not None:
+        return project.out
+    return Path.cwd()
