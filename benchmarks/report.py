@@ -4,7 +4,12 @@ Reads whatever benchmark results exist (a benchmark not run yet is listed as suc
 cadence recommendation for the costs measured here, and writes ``reports/bench/index.html`` with
 every plot inline (it opens from the file system, no network).
 
-    python benchmarks/report.py   # the last step of `make bench`
+``--tables`` writes instead one markdown table per results file, ``benchmarks/results/NAME.md``
+from ``NAME.json``, without running anything: the benchmark history that docs/benchmarks.md
+links to. It needs only the standard library.
+
+    python benchmarks/report.py            # the last step of `make bench`
+    python benchmarks/report.py --tables   # benchmarks/results/*.md from benchmarks/results/*.json
 """
 
 from __future__ import annotations
@@ -14,12 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
-from jinja2 import Environment
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ckpt_chaos.report.goodput import Costs, plot, recommend  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,13 @@ def _svg(path: Path) -> str:
     return text[text.index("<svg"):] if "<svg" in text else ""
 
 
-def _table(df: pd.DataFrame) -> str:
+def _frame(rows):
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def _table(df) -> str:
     return df.to_html(index=False, border=0, classes="t", float_format=lambda v: f"{v:.3g}", na_rep="")
 
 
@@ -51,10 +57,12 @@ def overhead_section(d: dict) -> dict:
                      "fsynced write MB/s": s["fsync_write_mb_s"],
                      "save / fsync rate": s["save_fraction_of_fsync_bw"], "load s": s["load_s"],
                      "restart s": s["restart_s"], "loop time × (ckpt every 2 steps)": s["loop_overhead_sync"]})
-    return {"table": _table(pd.DataFrame(rows)), "rounds": d["rounds"]}
+    return {"table": _table(_frame(rows)), "rounds": d["rounds"]}
 
 
-def cadence_section(costs: Costs, out: Path) -> dict:
+def cadence_section(costs, out: Path) -> dict:
+    from ckpt_chaos.report.goodput import Costs, plot, recommend
+
     rows, plots = [], []
     for mtbf_h in MTBF_H:
         c = Costs(save=costs.save, restart=costs.restart, mtbf=mtbf_h * 3600)
@@ -65,7 +73,7 @@ def cadence_section(costs: Costs, out: Path) -> dict:
         if mtbf_h == 1.0:
             plot(rec, out / "cadence.svg")
             plots.append(_svg(out / "cadence.svg"))
-    return {"table": _table(pd.DataFrame(rows)), "plots": plots, "save": costs.save, "restart": costs.restart}
+    return {"table": _table(_frame(rows)), "plots": plots, "save": costs.save, "restart": costs.restart}
 
 
 def soak_section(d: dict) -> dict:
@@ -82,7 +90,7 @@ def soak_section(d: dict) -> dict:
                      "measured / model (median of runs)": c["measured_vs_model"],
                      "runs inside the MC 5-95 %": f"{c['runs_within_mc_5_95']} of {len(c['goodput_runs'])}"})
     svg = RESULTS / "soak_goodput.svg"
-    return {"table": _table(pd.DataFrame(rows)), "plot": _svg(svg) if svg.exists() else "", "d": d}
+    return {"table": _table(_frame(rows)), "plot": _svg(svg) if svg.exists() else "", "d": d}
 
 
 def explore_section(d: dict) -> dict:
@@ -96,7 +104,7 @@ def explore_section(d: dict) -> dict:
                      "median time to find s": s["median_time_to_find_s"],
                      "shrunk to (max faults)": s["max_shrunk_faults"],
                      "schedules": s["schedules"], "schedules / min": s["schedules_per_minute"]})
-    return {"table": _table(pd.DataFrame(rows)), "d": d, "seeds": sorted({r["seed"] for r in d["searches"]})}
+    return {"table": _table(_frame(rows)), "d": d, "seeds": sorted({r["seed"] for r in d["searches"]})}
 
 
 def generic_section(d: dict) -> str:
@@ -104,10 +112,12 @@ def generic_section(d: dict) -> str:
     blocks = {k: v for k, v in d.items() if isinstance(v, dict) and k not in ("machine", "trainer", "slow")}
     rows = [{"figure": f"{k}.{name}", **(v if isinstance(v, dict) else {"value": v})}
             for k, block in blocks.items() for name, v in block.items()]
-    return _table(pd.DataFrame(rows)) if rows else ""
+    return _table(_frame(rows)) if rows else ""
 
 
 def build(out: Path) -> Path:
+    from ckpt_chaos.report.goodput import Costs
+
     out.mkdir(parents=True, exist_ok=True)
     overhead, soak = _load("checkpoint_overhead"), _load("soak_goodput")
     sections = {"overhead": overhead_section(overhead) if overhead else None,
@@ -127,12 +137,14 @@ def build(out: Path) -> Path:
     others = {name: generic_section(d) for name, d in loaded.items() if d}
     missing = [n for n, d in (("checkpoint_overhead", overhead), ("soak_goodput", soak), ("explore_planted", explore))
                if d is None]
-    html = _TEMPLATE.render(s=sections, others=others, missing=missing)
+    from jinja2 import Environment
+
+    html = Environment(autoescape=False).from_string(_TEMPLATE_TEXT).render(s=sections, others=others, missing=missing)
     (out / "index.html").write_text(html)
     return out / "index.html"
 
 
-_TEMPLATE = Environment(autoescape=False).from_string("""<!doctype html>
+_TEMPLATE_TEXT = ("""<!doctype html>
 <html><head><meta charset="utf-8"><title>ckpt-chaos benchmarks</title>
 <style>
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -169,7 +181,7 @@ runs are to be judged against that range, not against the mean. The model also t
 to cost the same (they vary with the machine's load: here two ranks, the harness and the kernel's writeback share
 two cores), and work to proceed at one rate: in the real job the steps between frequent saves run slower than in the
 fault-free run that useful work is counted in (writing and hashing the checkpoint competes for the same two
-cores; README, "Measured here"), which shows at the shortest interval as measured below predicted in every run.</p>{% endif %}
+cores; docs/benchmarks.md), which shows at the shortest interval as measured below predicted in every run.</p>{% endif %}
 
 {% if s.cadence %}<h2 id="cadence">Cadence for these costs</h2>
 <p class="note">What <code>ckpt-chaos cadence --save-s {{ "%.3f"|format(s.cadence.save) }} --restart-s
@@ -189,11 +201,209 @@ ran: {{ d.commands|join("; ") }}.</p>
 </body></html>
 """)
 
+# ---- markdown tables of the benchmark history (--tables) -----------------------------------------
+
+_HEADER = ("<!-- generated by `python benchmarks/report.py --tables` from {src}; do not edit by hand -->\n"
+           "# {title}\n\n")
+
+
+def _md(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _f(v, digits: int = 3, unit: str = "") -> str:
+    return "" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def _pct(v, digits: int = 1) -> str:
+    return "" if v is None else f"{100 * v:.{digits}f} %"
+
+
+def overhead_md(d: dict) -> str:
+    rows = []
+    for name, s in d["sizes"].items():
+        c = s.get("config", {})
+        rows.append([f"{name} (d {c.get('d_model')}, {c.get('n_layers')} layers)", _f(s["checkpoint_mb"], 1, " MB"),
+                     _f(s["step_s_no_ckpt"], 3, " s"), f"{_f(s['stall_sync_s'])} s / {_f(s['stall_async_s'])} s",
+                     _f(s["save_mb_s"], 1, " MB/s"), _f(s["fsync_write_mb_s"], 0, " MB/s"),
+                     _pct(s["save_fraction_of_fsync_bw"]), _f(s["load_s"], 2, " s"), _f(s["restart_s"], 1, " s"),
+                     f"× {s['loop_overhead_sync']:.2f}"])
+    return (f"`python benchmarks/checkpoint_overhead.py --rounds {d['rounds']}` ({d['machine']['cpus']} CPUs, "
+            f"Python {d['machine']['python']}): 2 ranks, a save every 2 steps on the host's file system, medians "
+            f"of {d['rounds']} rounds.\n\n" +
+            _md(["model", "checkpoint", "step", "stall per save, sync / async", "save throughput",
+                 "fsynced write, same fs", "save / fsync rate", "load", "restart (launch to 1st new step)",
+                 "loop time per step, saves every 2 steps / none"], rows))
+
+
+def soak_md(d: dict) -> str:
+    rows = []
+    for c in d["cadences"]:
+        p = c["predicted"]
+        n = len(c["goodput_runs"])
+        rows.append([f"{c['every_steps']} steps", _f(c["interval_s"], 2, " s"), c["failures"],
+                     ", ".join(f"{100 * g:.1f}" for g in c["goodput_runs"]) + " %", _pct(p["model"]),
+                     f"{_pct(p['sim_mean'])}, {100 * p['sim_p5']:.1f}-{100 * p['sim_p95']:.1f} %",
+                     f"{c['measured_vs_model']:.2f}", f"{c['runs_within_mc_5_95']} of {n}"])
+    m = d["costs_median"]
+    return (f"`python benchmarks/soak_goodput.py --rounds {d['rounds']}` ({d['when']}): {d['steps']} steps of "
+            f"{d['step_s']:.3f} s (d_model {d['model']['d_model']}, {d['model']['n_layers']} layers), whole-job "
+            f"SIGKILLs at Poisson times with a {d['mtbf_s']:g} s MTBF, relaunched at once; {d['rounds']} runs per "
+            f"cadence. Medians over all runs: save stall {m['save_stall_s']:.3f} s, loop cost per save "
+            f"{m['save_loop_cost_s']:.3f} s, restart {m['restart_s']:.1f} s. Predictions are per run, from that "
+            f"run's own costs; the table gives their median. Plot: [soak_goodput.svg](soak_goodput.svg).\n\n" +
+            _md(["checkpoint every", "interval", "failures, median", f"goodput measured ({d['rounds']} runs)",
+                 "Daly's model, median of runs", "Monte Carlo, same horizon: mean, 5-95 %",
+                 "measured / model, median", "runs inside 5-95 %"], rows))
+
+
+def backend_md(d: dict) -> str:
+    names = {"local": "local (`torchrun --standalone`)", "netns": "netns (namespace nodes, c10d rendezvous)",
+             "docker": "docker (containers)"}
+    rows = [[names.get(k, k), _f(r["setup_s"], 2, " s"), _f(r["first_step_s"], 2, " s"), _f(r["wall_s"], 2, " s"),
+             _f(r["teardown_s"], 2, " s"), "" if k == "local" else f"+{r['extra_vs_local_s']:.2f} s",
+             f"{r['wall_vs_local']:.2f}"] for k, r in d["results"].items()]
+    t = d["trainer"]
+    return (f"`python benchmarks/backend_startup.py --rounds {d['rounds']}` ({d['when']}, {d['cpus']} CPUs): the "
+            f"same fault-free job (2 ranks, {t['max_steps']} steps, one checkpoint) on each backend, round-robin, "
+            f"medians of {d['rounds']} rounds.\n\n" +
+            _md(["backend", "set-up", "launch to 1st step", "launch to exit", "tear-down", "extra per launch",
+                 "× local wall"], rows))
+
+
+def remote_md(d: dict) -> str:
+    u, on, off, r = d["upload_mb_s"], d["training"]["on"], d["training"]["off"], d["training"]["on_over_off"]
+    mb = d["checkpoint_bytes"] / 1e6
+    rows = [[f"upload of a {mb:.1f} MB checkpoint to moto, direct", f"{u['direct']:.1f} MB/s"],
+            ["the same through the fault proxy, no toxic", f"{u['proxy']:.1f} MB/s (× {u['proxy_over_direct']:.2f})"],
+            [f"training with uploads: hand-off to the uploader, {on['uploads']} checkpoints",
+             f"{1000 * on['handoff_s']:.1f} ms in all"],
+            ["median upload time of one checkpoint", f"{on['upload_s']:.2f} s"],
+            ["median step time, uploads off / on",
+             f"{1000 * off['step_s']:.0f} ms / {1000 * on['step_s']:.0f} ms (× {r['step_s']:.2f})"],
+            ["median step right after a save, off / on", f"{1000 * off['step_after_save_s']:.0f} ms / "
+             f"{1000 * on['step_after_save_s']:.0f} ms (× {r['step_after_save_s']:.2f})"],
+            ["wall time of the run, off / on", f"{off['wall_s']:.1f} s / {on['wall_s']:.1f} s (× {r['wall_s']:.2f})"]]
+    return (f"`python benchmarks/remote_upload.py --rounds {d['rounds']}` ({d['machine']['cpus']} CPUs): medians "
+            f"of {d['rounds']} rounds, configurations alternating; training is 2 ranks, 16 steps, a checkpoint "
+            f"every 2 steps.\n\n" + _md(["what", "figure"], rows))
+
+
+def storage_md(d: dict) -> str:
+    names = {"tmpfs": "tmpfs (bind mount)", "faultfs": "faultfs over tmpfs, no rule armed",
+             "slow-sync": "faultfs, `slow` {bw:g} MiB/s + {lat:g} ms per write, synchronous save",
+             "slow-async": "the same slow storage, `async_save`"}
+    rows = []
+    for k, r in d["results"].items():
+        rows.append([names.get(k, k).format(bw=d["slow"]["bandwidth_mb_s"], lat=d["slow"]["latency_ms"]),
+                     _f(r["stall_s_median"], 3, " s"), f"{r['stall_vs_tmpfs']:.2f}", _f(r["total_s_median"], 3, " s"),
+                     f"{r['total_vs_tmpfs']:.2f}", r["saves"]])
+    t = d["trainer"]
+    return (f"`python benchmarks/storage_stall.py --rounds {d['rounds']}` ({d['when']}, {d['cpus']} CPUs): 2 ranks, "
+            f"d_model {t['d_model']}, {t['n_layers']} layers, a checkpoint every {t['ckpt_every_steps']} steps, the "
+            f"configurations round-robin, medians over every save.\n\n" +
+            _md(["checkpoint directory on", "training stalled per save", "× tmpfs", "save committed after",
+                 "× tmpfs", "saves"], rows))
+
+
+def order_md(d: dict) -> str:
+    rows = [[f"`{bug}`", _f(s["median"], 1), s["p90"], s["max"], s["not_within"],
+             ", ".join(str(x) for x in s["seeds_0_1_2"])] for bug, s in d["summary"].items()]
+    seeds = sorted(d["seeds"], key=int)
+    bugs = list(d["summary"])
+    per_seed = [[k] + [d["seeds"][k][b] if d["seeds"][k][b] is not None else "never" for b in bugs] for k in seeds]
+    return (f"`python {d['command']}`: for each seed, the index (from 1) of the first schedule the generator "
+            f"draws that composes the window each bug needs; no training (every schedule passes at once). "
+            f"{len(seeds)} seeds.\n\n" +
+            _md(["window of", "median", "90th pct", "max", "seeds never within", "seeds 0, 1, 2"], rows) +
+            "\nPer seed:\n\n" + _md(["seed"] + [f"`{b}`" for b in bugs], per_seed))
+
+
+def _search_rows(rows: list[dict]) -> list[list]:
+    import statistics
+
+    out = []
+    for label in dict.fromkeys(r["trainer"] for r in rows):
+        rs = sorted((r for r in rows if r["trainer"] == label), key=lambda r: r["seed"])
+        found = [r for r in rs if r["found"]]
+        budgets = sorted({f"{r['budget_s']:.0f} + {r['shrink_s']:.0f}" for r in rs if "budget_s" in r})
+        med = statistics.median(r["time_to_find_s"] for r in found) if found else None
+        run_s = sum(r["run_s"] for r in rs)
+        out.append([f"`{label.removeprefix('tests.planted.')}`", ", ".join(budgets),
+                    f"{len(found)} of {len(rs)} (seeds {', '.join(str(r['seed']) for r in rs)})",
+                    ", ".join(sorted({r["identity"] for r in rs if r["identity"]})) or "nothing",
+                    ", ".join(f"{r['time_to_find_s']:.0f}" if r["found"] else "–" for r in rs),
+                    "–" if med is None else f"**{med:.0f} s**",
+                    ", ".join(str(r["shrunk_faults"]) for r in found) or "–",
+                    sum(r["schedules"] for r in rs), f"{60 * sum(r['schedules'] for r in rs) / max(1e-9, run_s):.1f}"])
+    return out
+
+
+def planted_md(d: dict) -> str:
+    header = ["trainer [families]", "budget s (find + shrink)", "found in", "first failed check",
+              "time to find, each search (s)", "median", "shrunk to (faults)", "schedules", "per minute"]
+    rows = d["searches"]
+    current = [r for r in rows if "(" not in r["trainer"]]
+    old = [r for r in rows if "before a609fe9" in r["trainer"]]
+    between = [r for r in rows if "(" in r["trainer"] and "before a609fe9" not in r["trainer"]]
+    planned = [r for r in current if "faults_planned" in r]
+    fired, total = sum(r["faults_fired"] for r in planned), sum(r["faults_planned"] for r in planned)
+    sched, minutes = sum(r["schedules"] for r in current), sum(r["run_s"] for r in current) / 60
+    text = ("One `ckpt-chaos explore` search per trainer and seed (`benchmarks/explore_planted.py`), stopped at its "
+            "first finding, no example database. Time to find: from the start of the search (golden runs "
+            "included) to the end of the first failing run. A label in parentheses names the code the search "
+            "ran before (`before COMMIT`) or a budget other than its row's.\n\n"
+            f"## The current generator and runner ({len(current)} searches)\n\n"
+            "Labels without parentheses. " +
+            (f"Faults that fired: {fired} of {total} planned ({100 * fired / total:.0f} %, shrink runs included). "
+             if total else "") +
+            f"Schedules: {sched} in {minutes:.0f} minutes of search ({sched / minutes:.1f} a minute).\n\n" +
+            _md(header, _search_rows(current)) +
+            f"\n## Between a609fe9 and the current generator ({len(between)} searches)\n\n" +
+            _md(header, _search_rows(between)) +
+            f"\n## Before a609fe9: the old generator ({len(old)} searches)\n\n" +
+            "Random places, one hypothesis round whose size grew with the budget; some rows ran while other work "
+            "shared the two cores.\n\n" + _md(header, _search_rows(old)) +
+            "\n## Commands, in the order they ran\n\n" + "".join(f"* {c}\n" for c in d["commands"]))
+    return text
+
+
+TABLES = {
+    "checkpoint_overhead": ("What checkpointing costs the reference trainer", overhead_md),
+    "soak_goodput": ("Goodput under real failures against the model", soak_md),
+    "backend_startup": ("What a multi-node backend adds per launch", backend_md),
+    "remote_upload": ("The remote tier: upload throughput and training stall", remote_md),
+    "storage_stall": ("Checkpoint stall on healthy, fault-layered and slow storage", storage_md),
+    "explore_order": ("When the search first composes a narrow window", order_md),
+    "explore_planted": ("The fault-schedule search against planted bugs", planted_md),
+}
+
+
+def write_tables(results: Path = RESULTS) -> list[Path]:
+    """``results/NAME.md`` for each ``results/NAME.json`` that has a table writer; runs nothing."""
+    written = []
+    for name, (title, render) in TABLES.items():
+        src = results / f"{name}.json"
+        if not src.exists():
+            continue
+        md = _HEADER.format(src=f"`{src.name}`", title=title) + render(json.loads(src.read_text()))
+        (results / f"{name}.md").write_text(md)
+        written.append(results / f"{name}.md")
+    return written
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "reports" / "bench"))
+    ap.add_argument("--tables", action="store_true",
+                    help="write benchmarks/results/*.md from benchmarks/results/*.json and nothing else")
     args = ap.parse_args()
+    if args.tables:
+        for path in write_tables():
+            print(f"table: {path.relative_to(ROOT)}")
+        return
     print(f"bench report: {build(Path(args.out))}")
 
 
