@@ -1,52 +1,150 @@
-"""The ``ckpt-chaos`` command line."""
+"""The ``ckpt-chaos`` command line.
+
+Scenarios are found by name in the folders given with ``--scenarios``, the project's folders
+(``[tool.ckpt-chaos] scenarios`` in its ``pyproject.toml``) and the built-in catalogue; runs and
+reports go under the output directory (``ckpt_chaos.config``). Human output goes to stderr when
+``--json`` puts the machine-readable one on stdout.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import signal
 import sys
 import time
+from functools import cache
 from pathlib import Path
 
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos import __version__, config
 
-SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
-REPORTS_DIR = REPO_ROOT / "reports"
+try:
+    from ckpt_chaos.extras import missing_extra
+except ImportError:  # ckpt_chaos/extras.py is the packaging's; this covers the two extras the CLI asks about
+    def missing_extra(name: str) -> str | None:
+        import importlib.util
+
+        module = {"search": "hypothesis", "report": "matplotlib"}.get(name)
+        if module is None or importlib.util.find_spec(module) is not None:
+            return None
+        return f"needs the {name!r} extra ({module} is not installed): pip install 'ckpt-chaos[{name}]'"
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+EPILOG = f"""\
+exit status:
+  {EXIT_OK}    every scenario passed (an expected failure, xfail, counts as passed)
+  {EXIT_FAILED}    a scenario failed, or passed although it declares a known failure
+       (xpass); explore found a failure; check: the run fails; report
+       --browser: the report has a problem
+  {EXIT_USAGE}    bad input: a malformed scenario file or [tool.ckpt-chaos] table, an
+       unknown scenario name, a wrong option; nothing was run or written
+  {EXIT_CANNOT_RUN}    cannot run here: a needed extra is not installed, or (run --strict) a
+       scenario was skipped for want of root, FUSE, Docker...
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C, SIGTERM); every process of the scenario was killed
+
+environment:
+  {config.ENV_OUT}          output directory when --out is not given (else the
+                          project's [tool.ckpt-chaos] out, else the current
+                          directory)
+  {config.ENV_CACHE}        cache of golden runs and of the search's examples
+                          (default: ~/.cache/ckpt-chaos, the user cache folder)
+  CKPT_CHAOS_S3_ENDPOINT  S3-compatible server for the remote-tier scenarios,
+                          with the usual AWS_* credentials (default: a local
+                          moto server per run)
+  NO_COLOR                no colours in the human output
+
+project settings, in its pyproject.toml:
+  [tool.ckpt-chaos]
+  scenarios = ["chaos/scenarios"]  # the project's scenario folders
+  out = "build/chaos"              # the output directory
+  builtin = true                   # also offer the built-in catalogue
+"""
 
 
-def _select(args: argparse.Namespace):
-    """Scenarios named on the command line (names or files), else the suite's; errors exit 2."""
-    from ckpt_chaos.scenario import ScenarioError, catalogue, load
+class UsageError(Exception):
+    """Bad input; the message names the file or option and the fix. Exits 2."""
 
+
+@cache
+def _project() -> config.ProjectConfig:
     try:
-        everything = catalogue(args.scenarios_dir)
-        by_name = {s.name: s for s in everything}
-        if args.scenario:
-            chosen = []
-            for ref in args.scenario:
-                if ref in by_name:
-                    chosen.append(by_name[ref])
-                elif Path(ref).is_file():
-                    chosen.append(load(ref))
-                else:
-                    raise ScenarioError(f"{ref}: no scenario of that name in {args.scenarios_dir} and no such file; "
-                                        "`ckpt-chaos list` shows the names")
-        else:
-            chosen = [s for s in everything if args.suite in s.suites]
-    except ScenarioError as e:
-        print(f"ckpt-chaos: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    if getattr(args, "k", None):
+        return config.project_config()
+    except config.ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+def _scenario_dirs(args: argparse.Namespace) -> list[Path]:
+    given = [Path(d) for d in args.scenarios or []]
+    for d in given:
+        if not d.is_dir():
+            raise UsageError(f"--scenarios {d}: not a folder; give a folder of scenario .toml files")
+    dirs: list[Path] = []
+    for d in [*given, *_project().scenario_dirs()]:
+        if d.resolve() not in dirs:
+            dirs.append(d.resolve())
+    return dirs
+
+
+def _catalogue(args: argparse.Namespace) -> dict:
+    """Every scenario in the folders, by name; a name used twice is an error naming both files."""
+    from ckpt_chaos.scenario import load
+
+    by_name = {}
+    for d in _scenario_dirs(args):
+        for path in sorted(d.rglob("*.toml")):
+            s = load(path)
+            if s.name in by_name:
+                raise UsageError(f"{path}: name: {s.name!r} is also the name of {by_name[s.name].source}; "
+                                 "names must be unique across the scenario folders: rename one of the files "
+                                 "(or set its `name`)")
+            by_name[s.name] = s
+    return by_name
+
+
+def _select(args: argparse.Namespace) -> list:
+    """Scenarios named on the command line (names or files), else the suite's."""
+    from ckpt_chaos.scenario import load
+
+    by_name = _catalogue(args)
+    if args.scenario:
+        chosen = []
+        for ref in args.scenario:
+            if ref in by_name:
+                chosen.append(by_name[ref])
+            elif Path(ref).is_file():
+                chosen.append(load(ref))
+            else:
+                near = difflib.get_close_matches(ref, list(by_name), n=3)
+                raise UsageError(f"{ref}: no scenario of that name and no such file"
+                                 + (f"; did you mean {', '.join(near)}?" if near else "")
+                                 + "; `ckpt-chaos list` shows the names, --scenarios DIR adds a folder")
+    else:
+        chosen = [s for s in sorted(by_name.values(), key=lambda s: s.name) if args.suite in s.suites]
+    if args.k:
         chosen = [s for s in chosen if args.k in s.name or args.k in s.labels]
     return chosen
 
 
+def _json_out(data) -> None:
+    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+    sys.stdout.flush()
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    for s in _select(args):
+    chosen = _select(args)
+    if args.json:
+        _json_out([{"name": s.name, "description": s.description, "labels": s.labels, "suites": s.suites,
+                    "file": s.source, "known_failure": s.expect.known_failure} for s in chosen])
+        return EXIT_OK
+    for s in chosen:
         labels = " ".join(s.labels)
         print(f"{s.name:<44} [{labels}]  {s.description}")
-    return 0
+    return EXIT_OK
+
+
+COLOUR = {"pass": "green", "fail": "red", "skipped": "yellow", "xfail": "cyan", "xpass": "red"}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -58,65 +156,97 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     chosen = _select(args)
     if not chosen:
-        print("ckpt-chaos: no scenario selected", file=sys.stderr)
-        return 2
-    console = Console()
+        what = "the scenarios named" if args.scenario else f"suite {args.suite!r}"
+        raise UsageError(f"no scenario selected from {what}{' with -k ' + args.k if args.k else ''}; "
+                         "`ckpt-chaos list --suite SUITE` shows a suite's scenarios")
+    if args.junitxml and Path(args.junitxml).is_dir():
+        raise UsageError(f"--junitxml {args.junitxml}: is a folder; give a file name such as chaos-junit.xml")
+    reports = Path(args.reports) if args.reports else config.out_dir(args.out, _project()) / "reports"
+    golden = Path(args.golden_dir) if args.golden_dir else config.golden_dir()
+    console = Console(stderr=args.json)
+    plots = missing_extra("report") is None
     suite = "custom" if args.scenario else args.suite
-    out = results.suite_dir(Path(args.reports), suite)
+    out = results.suite_dir(reports, suite)
     console.print(f"ckpt-chaos: {len(chosen)} scenario(s) of suite [bold]{suite}[/], results in {out}")
+    if not plots:
+        console.print(f"[yellow]no plots in the report: it {missing_extra('report')}[/]")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rows, started = [], time.monotonic()
-    colour = {"pass": "green", "fail": "red", "skipped": "yellow"}
+
+    def finish(code: int) -> int:
+        wall = time.monotonic() - started
+        html = results.write(out, suite, rows, wall, plots=plots)
+        if args.junitxml:
+            results.write_junit(Path(args.junitxml), suite, rows, wall)
+        if args.json:
+            _json_out({**results.stamp(), "suite": suite, "wall_s": wall, "exit_status": code, "out": str(out),
+                       "report": str(html), "junitxml": args.junitxml, "results": rows})
+        return code
+
     try:
         for i, s in enumerate(chosen, 1):
             with console.status(f"[{i}/{len(chosen)}] {s.name}"):
-                r = run_scenario(s, out, Path(args.golden_dir))
-            rows.append(r.to_dict())
-            console.print(f"[{i}/{len(chosen)}] [{colour[r.verdict]}]{r.verdict:<7}[/] {s.name}  "
-                          f"({r.wall_s:.0f}s){'  ' + r.reason if r.reason else ''}")
+                r = run_scenario(s, out, golden)
+            row = results.scenario_row(r, s)
+            rows.append(row)
+            v = row["verdict"]
+            console.print(f"[{i}/{len(chosen)}] [{COLOUR.get(v, 'magenta')}]{v:<7}[/] {s.name}  "
+                          f"({row['wall_s']:.0f}s){'  ' + row['reason'] if row['reason'] else ''}",
+                          markup=True, highlight=False)
     except KeyboardInterrupt:
         console.print("[red]interrupted: every process of the running scenario was killed[/]")
-        results.write(out, suite, rows, time.monotonic() - started)
-        return 130
+        return finish(EXIT_INTERRUPTED)
+    failing = [r for r in rows if results.failed(r)]
+    skipped = [r for r in rows if r["verdict"] == "skipped"]
+    code = EXIT_FAILED if failing else EXIT_CANNOT_RUN if skipped and args.strict else EXIT_OK
+    code = finish(code)
     wall = time.monotonic() - started
-    html = results.write(out, suite, rows, wall)
     t = Table(title=f"suite {suite}: {wall:.0f}s")
     for col in ("scenario", "verdict", "lost", "detect s", "recover s", "save s"):
         t.add_column(col)
     for r in rows:
         f = lambda v, d=1: "" if v is None else f"{v:.{d}f}"
-        t.add_row(r["scenario"], f"[{colour[r['verdict']]}]{r['verdict']}[/]", str(r["steps_lost"] or 0),
-                  f(r["time_to_detect_s"]), f(r["time_to_recover_s"]), f(r["save_s"], 3))
+        t.add_row(r["scenario"], f"[{COLOUR.get(r['verdict'], 'magenta')}]{r['verdict']}[/]",
+                  str(r["steps_lost"] or 0), f(r["time_to_detect_s"]), f(r["time_to_recover_s"]), f(r["save_s"], 3))
     console.print(t)
-    console.print(f"report: {html}")
-    skipped = [r for r in rows if r["verdict"] == "skipped"]
+    console.print(f"report: {out / 'index.html'}" + (f"  junit: {args.junitxml}" if args.junitxml else ""))
     for r in skipped:
-        console.print(f"[yellow]SKIPPED[/] {r['scenario']}: {r['reason']}")
-    # Last, so that a CI log cut to its tail still names what failed and why.
+        console.print(f"[yellow]SKIPPED[/] {r['scenario']}: {r['reason']}", highlight=False)
     for r in rows:
-        if r["verdict"] == "fail":
-            console.print(f"[red]FAILED[/] {r['scenario']} ({r['run_dir']})")
-            for c in r["checks"]:
-                if c["verdict"] == "fail":
-                    console.print(f"  {c['name']}: {c['detail'][:500]}", markup=False, highlight=False, soft_wrap=True)
-    if skipped and args.strict:
+        if r["verdict"] == "xfail":
+            console.print(f"[cyan]XFAIL[/] {r['scenario']}: {r['reason'][:300]}", highlight=False)
+    # Last, so that a CI log cut to its tail still names what failed and why.
+    for r in failing:
+        console.print(f"[red]{'XPASS' if r['verdict'] == 'xpass' else 'FAILED'}[/] {r['scenario']} ({r['run_dir']})")
+        if r["verdict"] == "xpass":
+            console.print(f"  {r['reason']}", markup=False, highlight=False, soft_wrap=True)
+        for c in r["checks"]:
+            if c["verdict"] == "fail":
+                console.print(f"  {c['name']}: {c['detail'][:500]}", markup=False, highlight=False, soft_wrap=True)
+    if code == EXIT_CANNOT_RUN:
         console.print(f"[red]--strict: {len(skipped)} scenario(s) could not run on this machine[/]")
-        return 1
-    return 1 if any(r["verdict"] == "fail" for r in rows) else 0
+    return code
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Re-run the checkers over a stored scenario run, without running anything."""
+    from ckpt_chaos.report import results
     from ckpt_chaos.run.runner import evaluate
     from ckpt_chaos.scenario import load
 
     run_dir = Path(args.run_dir)
+    if not (run_dir / "scenario.toml").is_file():
+        raise UsageError(f"{run_dir}: holds no scenario.toml; give a scenario run directory such as "
+                         "reports/default/latest/kill-rank1-mid-shard-write")
     s = load(run_dir / "scenario.toml")
-    r = evaluate(s, run_dir, (run_dir / "golden").resolve())
-    for c in r.checks:
-        print(f"{c['verdict']:<5} {c['name']}: {c['detail']}")
-    print(f"verdict: {r.verdict}")
-    return 1 if r.verdict == "fail" else 0
+    row = results.scenario_row(evaluate(s, run_dir, (run_dir / "golden").resolve()), s, write=False)
+    code = EXIT_FAILED if results.failed(row) else EXIT_OK
+    if args.json:
+        _json_out({**results.stamp(), "exit_status": code, **row})
+        return code
+    print(results.check_lines(row))
+    print(f"verdict: {row['verdict']}" + (f" ({row['reason']})" if row["verdict"] in ("xfail", "xpass") else ""))
+    return code
 
 
 def cmd_ckpts(args: argparse.Namespace) -> int:
@@ -127,12 +257,11 @@ def cmd_ckpts(args: argparse.Namespace) -> int:
     if (root / "checkpoints").is_dir():
         root = root / "checkpoints"
     if not root.is_dir():
-        print(f"ckpt-chaos: {root} is not a directory", file=sys.stderr)
-        return 2
+        raise UsageError(f"{root}: not a folder; give a run directory or its checkpoints/ folder")
     rows = describe(root, verify_checksums=not args.fast)
     if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
+        _json_out(rows)
+        return EXIT_OK
     latest = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
     if not rows:
         print(f"{root}: no checkpoints")
@@ -143,56 +272,65 @@ def cmd_ckpts(args: argparse.Namespace) -> int:
                   f"{r['bytes'] / 1e6:8.2f} MB  loss {r['loss']}")
         else:
             print(f"{mark} {r['name']:<20} INVALID {r['reason']}")
-    return 0
+    return EXIT_OK
+
+
+def _needs(extra: str, command: str) -> int | None:
+    why = missing_extra(extra)
+    if why is None:
+        return None
+    print(f"ckpt-chaos {command}: {why}", file=sys.stderr)
+    return EXIT_CANNOT_RUN
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Rebuild the HTML report of a stored suite run (reports/<suite>/<time>, or its ``latest`` link)."""
     root = Path(args.results)
     if not (root / "results.json").is_file():
-        print(f"ckpt-chaos report: {root} holds no results.json; give a suite run directory such as "
-              f"reports/default/latest", file=sys.stderr)
-        return 2
+        raise UsageError(f"{root}: holds no results.json; give a suite run directory such as "
+                         "reports/default/latest")
+    if not args.no_plots and (code := _needs("report", "report")) is not None:
+        return code
     from ckpt_chaos.report import results
 
     html = results.rebuild(root, plots=not args.no_plots)
     print(f"report: {html}")
     if not args.browser:
-        return 0
+        return EXIT_OK
     try:
         view = results.view_in_browser(html, screenshot=root / "report.png")
     except FileNotFoundError as e:
         print(f"ckpt-chaos report: cannot check the report in a browser: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CANNOT_RUN
     problems = view.problems(expected_plots=results.expected_plots(root))
     print(f"in headless Chromium: {view.sections} scenarios, {view.plots} plots loaded"
           f"{'' if view.broken_plots == 0 else f', {view.broken_plots} broken'}, {len(view.script_errors)} script "
           f"errors; screenshot {view.screenshot}")
     for p in problems:
         print(f"ckpt-chaos report: {p}", file=sys.stderr)
-    return 1 if problems else 0
+    return EXIT_FAILED if problems else EXIT_OK
 
 
 def cmd_cadence(args: argparse.Namespace) -> int:
     """Goodput against checkpoint interval for the user's costs and MTBF; no training is run."""
     from dataclasses import asdict
 
+    if (code := _needs("report", "cadence")) is not None:
+        return code
     from ckpt_chaos.report.goodput import Costs, plot, recommend
 
     mtbf = args.mtbf_h * 3600 if args.mtbf_h else None
     if args.node_mtbf_h:  # independent nodes: the job fails when any node does
         mtbf = args.node_mtbf_h * 3600 / args.nodes
     if mtbf is None:
-        print("ckpt-chaos cadence: give --mtbf-h (the job's), or --node-mtbf-h with --nodes", file=sys.stderr)
-        return 2
+        raise UsageError("cadence: give --mtbf-h (the job's), or --node-mtbf-h with --nodes")
     costs = Costs(save=args.save_s, restart=args.restart_s, mtbf=mtbf)
     try:
         rec = recommend(costs, current=args.interval_s, runs=args.runs, shape=args.weibull_shape,
                         horizon=args.horizon_h * 3600 if args.horizon_h else None, seed=args.seed)
     except ValueError as e:
-        print(f"ckpt-chaos cadence: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
+        raise UsageError(f"cadence: {e}") from None
+    out = Path(args.out) if args.out else config.out_dir(None, _project()) / "reports" / "cadence"
     out.mkdir(parents=True, exist_ok=True)
     plot(rec, out / "cadence.svg")
     (out / "cadence.json").write_text(json.dumps(asdict(rec), indent=1) + "\n")
@@ -208,7 +346,7 @@ def cmd_cadence(args: argparse.Namespace) -> int:
         print(f"your interval     {rec.current_s / 60:8.1f} min   goodput {rec.current_goodput:.2%}: "
               f"{lost:.2%} of the machine's time lost against the best interval")
     print(f"plot: {out / 'cadence.svg'}  figures: {out / 'cadence.json'}")
-    return 0
+    return EXIT_OK
 
 
 def _duration(text: str) -> float:
@@ -222,6 +360,8 @@ def _duration(text: str) -> float:
 
 def cmd_explore(args: argparse.Namespace) -> int:
     """Search random fault schedules for a failure; write each one found, shrunk, as a scenario file."""
+    if (code := _needs("search", "explore")) is not None:
+        return code
     from rich.console import Console
 
     from ckpt_chaos.search.explore import KINDS, Search
@@ -229,11 +369,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
     families = [f for f in args.families.split(",") if f]
     bad = [f for f in families if f not in KINDS]
     if bad or not families:
-        print(f"ckpt-chaos explore: unknown family {bad[0] if bad else '(none)'}; searchable: {', '.join(KINDS)}",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"--families: unknown family {bad[0] if bad else '(none)'}; searchable: {', '.join(KINDS)}")
     console = Console()
-    out = Path(args.out) / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = config.out_dir(args.out, _project()) / "reports" / "explore" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     status = console.status("starting")
 
     def show(kind: str, search, obj) -> None:
@@ -255,7 +393,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
                       f"{len(sm.findings)} failure(s) found, {search.elapsed():.0f}s of {args.budget:.0f}s")
 
     search = Search(trainer_module=args.trainer, families=families, budget_s=args.budget, shrink_s=args.shrink_budget,
-                    seed=args.seed, out=out, regressions=args.regressions, golden_root=args.golden_dir,
+                    seed=args.seed, out=out, regressions=args.regressions,
+                    golden_root=args.golden_dir or config.golden_dir(),
                     database=None if args.no_database else True, max_faults=args.max_faults, on_event=show)
     console.print(f"ckpt-chaos explore: trainer {args.trainer}, families {', '.join(families)}, budget "
                   f"{args.budget:.0f}s (+ {search.summary.shrink_s:.0f}s to shrink a failure), seed {args.seed}; "
@@ -266,7 +405,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
             sm = search.run()
     except KeyboardInterrupt:
         console.print("[red]interrupted: every process of the running schedule was killed[/]")
-        return 130
+        return EXIT_INTERRUPTED
     console.print(f"schedules tried: {sm.schedules} ({sm.schedules_per_minute:.1f}/min, {sm.cache_hits} repeats "
                   f"answered from the cache, {sm.nothing_new} with nothing new not run)  faults fired: {sm.faults_fired} of {sm.faults_planned}  "
                   f"failures found: {len(sm.findings)}  not reproduced: {len(sm.not_reproduced)}  "
@@ -276,52 +415,70 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if sm.error:
         console.print(f"[red]search stopped: {sm.error}[/]")
     console.print(f"summary: {out / 'summary.json'}")
-    return 1 if sm.findings or sm.error else 0
+    return EXIT_FAILED if sm.findings or sm.error else EXIT_OK
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="ckpt-chaos",
-        description="Fault-injection and resilience tests for distributed-training checkpoint/resume.")
-    sub = p.add_subparsers(dest="command", required=True)
+        prog="ckpt-chaos", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Fault-injection tests for distributed-training checkpoint/resume.")
+    p.add_argument("--version", action="version", version=f"ckpt-chaos {__version__}")
+    # One line each in `ckpt-chaos --help`: keep these helps short.
+    sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+
+    def command(name: str, summary: str, func) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}.", epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        c.set_defaults(func=func)
+        return c
 
     def selection(c: argparse.ArgumentParser) -> None:
-        c.add_argument("scenario", nargs="*", help="scenario names or files (default: the suite)")
-        c.add_argument("--suite", default="default", help="suite to run when no scenario is named")
-        c.add_argument("-k", help="keep scenarios whose name contains this, or that have it as a tag, fault kind or family")
-        c.add_argument("--scenarios-dir", default=str(SCENARIO_DIR))
+        c.add_argument("scenario", nargs="*", help="scenario names or files (default: the suite's)")
+        c.add_argument("--suite", default="default", help="suite to take when no scenario is named")
+        c.add_argument("-k", help="keep scenarios whose name contains this, or that have it as a tag, fault kind "
+                                  "or family")
+        c.add_argument("--scenarios", action="append", metavar="DIR",
+                       help="also find scenarios in this folder (repeatable); besides the project's "
+                            "[tool.ckpt-chaos] scenarios and the built-in catalogue")
 
-    c = sub.add_parser("list", help="list scenarios with their labels and descriptions")
-    selection(c)
-    c.set_defaults(func=cmd_list)
+    def json_flag(c: argparse.ArgumentParser) -> None:
+        c.add_argument("--json", action="store_true",
+                       help="machine-readable output on stdout (human output, if any, on stderr)")
 
-    c = sub.add_parser("run", help="run scenarios; exit status 1 when any fails")
+    c = command("list", "list scenarios with their labels and descriptions", cmd_list)
     selection(c)
-    c.add_argument("--reports", default=str(REPORTS_DIR), help="where results are written")
-    c.add_argument("--golden-dir", default=str(REPO_ROOT / "runs" / "golden"), help="cache of fault-free runs")
+    json_flag(c)
+
+    c = command("run", "run scenarios and check them against a golden run", cmd_run)
+    selection(c)
+    json_flag(c)
+    c.add_argument("--out", metavar="DIR", help=f"output directory: runs and reports go in DIR/reports/<suite>/<time> "
+                                                f"(default: ${config.ENV_OUT}, the project's out, else .)")
+    c.add_argument("--reports", metavar="DIR", help="the reports folder itself (default: OUT/reports)")
+    c.add_argument("--golden-dir", metavar="DIR",
+                   help=f"cache of fault-free runs (default: ${config.ENV_CACHE}/golden or ~/.cache/ckpt-chaos/golden)")
+    c.add_argument("--junitxml", metavar="FILE", help="also write JUnit XML: one testcase per scenario, its checks "
+                                                      "as text")
     c.add_argument("--strict", action="store_true",
-                   help="a scenario skipped for want of root, FUSE, libfiu... fails the run (CI)")
-    c.set_defaults(func=cmd_run)
+                   help=f"a scenario skipped for want of root, FUSE, libfiu... exits {EXIT_CANNOT_RUN} (CI)")
 
-    c = sub.add_parser("check", help="re-check a stored scenario run (reports/<suite>/<time>/<scenario>)")
-    c.add_argument("run_dir")
-    c.set_defaults(func=cmd_check)
+    c = command("check", "re-check a stored scenario run without running it", cmd_check)
+    c.add_argument("run_dir", help="a scenario run directory: reports/<suite>/<time>/<scenario>")
+    json_flag(c)
 
-    c = sub.add_parser("ckpts", help="list a run's checkpoints and validate each (manifest, sizes, checksums)")
+    c = command("ckpts", "list a run's checkpoints and validate each", cmd_ckpts)
     c.add_argument("dir", help="a run directory or its checkpoints/ directory")
     c.add_argument("--fast", action="store_true", help="skip SHA-256 verification")
-    c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(func=cmd_ckpts)
+    json_flag(c)
 
-    c = sub.add_parser("report", help="rebuild the HTML report of a stored suite run")
+    c = command("report", "rebuild the HTML report of a stored suite run", cmd_report)
     c.add_argument("results", help="a suite run directory, e.g. reports/default/latest")
-    c.add_argument("--no-plots", action="store_true", help="keep the plots already drawn")
+    c.add_argument("--no-plots", action="store_true", help="keep the plots already drawn (no 'report' extra needed)")
     c.add_argument("--browser", action="store_true",
                    help="open it in headless Chromium and fail on a script error, a plot that does not load or "
                         "a scenario missing (writes report.png next to it)")
-    c.set_defaults(func=cmd_report)
 
-    c = sub.add_parser("cadence", help="goodput against checkpoint interval for your save cost and MTBF (no training)")
+    c = command("cadence", "goodput against checkpoint interval (no training)", cmd_cadence)
     c.add_argument("--save-s", type=float, required=True, help="training stall per checkpoint, seconds")
     c.add_argument("--restart-s", type=float, required=True, help="failure to first new step, seconds")
     c.add_argument("--mtbf-h", type=float, help="mean time between failures of the whole job, hours")
@@ -333,10 +490,9 @@ def parser() -> argparse.ArgumentParser:
                    help="failure-time shape for the simulation: 1 exponential, < 1 infant mortality")
     c.add_argument("--horizon-h", type=float, help="useful work per simulated job, hours (default: 50 MTBFs)")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--out", default=str(REPORTS_DIR / "cadence"), help="where the plot and figures go")
-    c.set_defaults(func=cmd_cadence)
+    c.add_argument("--out", metavar="DIR", help="where the plot and figures go (default: OUT/reports/cadence)")
 
-    c = sub.add_parser("explore", help="search random fault schedules for failures, shrink each to a scenario file")
+    c = command("explore", "search fault schedules for failures, shrink each one", cmd_explore)
     c.add_argument("--budget", type=_duration, default=_duration("20m"), help="search time, e.g. 3m, 20m, 1h")
     c.add_argument("--shrink-budget", type=_duration, default=None,
                    help="time to shrink each failure found (default: half the budget, 1 to 5 minutes)")
@@ -346,20 +502,25 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--trainer", default="reference_trainer", help="python module of the trainer (-m under torchrun)")
     c.add_argument("--seed", type=int, default=None, help="fixes the schedules generated (CI)")
     c.add_argument("--max-faults", type=int, default=4, help="steps per schedule (faults and training progress)")
-    c.add_argument("--out", default=str(REPORTS_DIR / "explore"), help="where runs and summary.json go")
+    c.add_argument("--out", metavar="DIR", help="output directory: runs and summary.json go in "
+                                                "DIR/reports/explore/<time> (default: as for run)")
     c.add_argument("--regressions", default=None,
                    help="where failures are written (default: scenarios/regressions for the reference trainer, "
                         "OUT/found for any other)")
-    c.add_argument("--golden-dir", default=str(REPO_ROOT / "runs" / "golden"), help="cache of fault-free runs")
-    c.add_argument("--no-database", action="store_true", help="do not replay or keep failing examples "
-                   "(.hypothesis/explore)")
-    c.set_defaults(func=cmd_explore)
+    c.add_argument("--golden-dir", metavar="DIR", help="cache of fault-free runs (default: as for run)")
+    c.add_argument("--no-database", action="store_true", help="do not replay or keep failing examples")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ckpt_chaos.scenario import ScenarioError
+
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (UsageError, ScenarioError) as e:
+        print(f"ckpt-chaos {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -6,15 +6,19 @@ test is skipped with the reason, never passed.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import json
 import re
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness import results
+from ckpt_chaos import __version__
+from ckpt_chaos.report import results
 from ckpt_chaos.env.launcher import REPO_ROOT
 from ckpt_chaos.run.runner import Result, run_scenario
 from ckpt_chaos.scenario import load
@@ -57,6 +61,41 @@ def test_the_report_shows_each_scenario_with_its_plots_and_diagnosis(suite_run):
     timeline = (out / "kill-rank1-mid-shard-write" / "timeline.svg").read_text()
     assert "kill rank:1" in timeline  # the fault is marked where it fired
     assert "http://" not in re.sub(r'xmlns(:\w+)?="http://[^"]+"|"http://www\.w3\.org[^"]*"', "", text)
+    stored = json.loads((out / "results.json").read_text())
+    assert stored["schema_version"] == results.SCHEMA_VERSION and stored["tool_version"] == __version__
+    with (out / "results.csv").open() as fh:
+        table = list(csv.DictReader(fh))
+    assert [r["scenario"] for r in table] == ["kill-rank1-mid-shard-write", "needs-what-is-missing", "a-failed-one"]
+    assert table[0]["resumed_from"] == "step_00000004" and table[1]["steps_lost"] == ""
+
+
+def test_any_verdict_renders_and_a_known_failure_passes_the_suite(tmp_path):
+    """xfail and xpass from expect.known_failure, and a verdict this version does not know (a newer
+    checker's): each is shown; only xfail counts as passed."""
+    def row(name, verdict, checks):
+        return {"scenario": name, "verdict": verdict, "reason": f"why {name}", "families": ["process"],
+                "kinds": ["kill"], "tags": [], "checks": checks, "launches": 2, "wall_s": 3.0, "run_dir": ""}
+
+    rows = [row("documented-bug", "fail", [{"name": "no_hang", "verdict": "fail", "detail": "hung at exit"},
+                                           {"name": "job_completed", "verdict": "fail", "detail": "did not finish"}]),
+            row("bug-fixed", "pass", [{"name": "no_hang", "verdict": "pass", "detail": "ended in time"}]),
+            row("odd", "unknown", [{"name": "remote_durable", "verdict": "n/a", "detail": "no remote tier"}])]
+    rows[0] = results.apply_known_failure(rows[0], "no_hang", "a.toml")
+    rows[1] = results.apply_known_failure(rows[1], "no_hang", "b.toml")
+    assert rows[0]["verdict"] == "xfail" and rows[0]["reason"] == ("known failure: no_hang: hung at exit "
+                                                                   "(also failing: job_completed)")
+    assert rows[1]["verdict"] == "xpass" and "remove expect.known_failure from b.toml" in rows[1]["reason"]
+    assert [results.failed(r) for r in rows] == [False, True, True]
+    text = results.write(tmp_path, "mixed", rows, wall_s=9.0, plots=False).read_text()
+    assert "2 of 3 scenarios FAILED" in text and ", 1 unknown, 1 xfail, 1 xpass" in text
+    assert '<tr class="xfail"' in text and "<li class=\"n/a\">remote_durable: no remote tier</li>" in text
+    junit = ET.parse(results.write_junit(tmp_path / "j" / "junit.xml", "mixed", rows, 9.0)).getroot()
+    suite = junit.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "2", "1")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["documented-bug"].find("skipped").get("type") == "pytest.xfail"
+    assert cases["bug-fixed"].find("failure").get("message").startswith("[XPASS(strict)] known failure passed")
+    assert "n/a   remote_durable: no remote tier" in cases["odd"].find("failure").text
 
 
 @pytest.mark.slow

@@ -211,24 +211,6 @@ def test_generator_arms_a_fault_only_in_its_launch():
     assert len(g.observe(ev("load.begin", launch=1))) == 1
 
 
-def test_pytest_collects_scenarios_with_markers_and_rejects_invalid_files(tmp_path):
-    def collect(*args):
-        return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                               *args], cwd=REPO_ROOT, capture_output=True, text=True)
-
-    out = collect("ckpt_chaos/scenarios", "-m", "kill and mid_write")
-    names = [line for line in out.stdout.splitlines() if "::" in line]
-    assert out.returncode == 0 and names and all(".toml::" in n for n in names), out.stdout
-    assert any("kill-rank1-mid-shard-write" in n for n in names)
-    assert not any("preempt-mid-accumulation" in n for n in names)
-    bad = tmp_path / "scenarios"
-    bad.mkdir()
-    write(bad, GOOD.replace('kind = "kill"', 'kind = "explode"'), "bad.toml")
-    out = collect(str(bad), "--rootdir", str(tmp_path))
-    assert out.returncode != 0
-    assert "faults[0].kind: unknown fault kind 'explode'" in out.stdout + out.stderr
-
-
 def test_cli_refuses_an_invalid_scenario_file_before_running_anything(tmp_path):
     bad = write(tmp_path, GOOD.replace("max_steps = 12", "max_steps = 'many'"))
     out = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "run", str(bad), "--reports", str(tmp_path / "r")],

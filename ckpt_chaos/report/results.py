@@ -1,26 +1,42 @@
-"""Results of a suite: one row per scenario, stored as CSV and JSON, summarised as plain HTML.
+"""Results of a suite: one row per scenario, stored as CSV and JSON, summarised as plain HTML and JUnit XML.
 
-A suite run lives in ``reports/<suite>/<UTC time>/`` with a ``latest`` link next to it (as
-Jepsen's store does): ``results.csv``, ``results.json``, ``index.html`` and one directory per
-scenario with its history, trajectory, logs and ``result.json``.
+A suite run lives in ``reports/<suite>/<UTC time>/`` under the output directory, with a ``latest``
+link next to it (as Jepsen's store does): ``results.csv``, ``results.json``, ``index.html`` and one
+directory per scenario with its history, trajectory, logs and ``result.json``.
+
+``results.json`` and each ``result.json`` carry ``schema_version`` (raised when a key changes
+meaning or goes away), ``tool_version`` (the ckpt-chaos that wrote them) and, per scenario, the
+trainer module and its code's revision (``{"commit", "dirty"}`` of the git repository the module is
+tracked in, null when it is not in git). A row's ``verdict`` is ``pass``, ``fail`` or ``skipped``,
+or for a scenario with ``expect.known_failure``: ``xfail`` (that check failed, as documented) or
+``xpass`` (it did not: a fixed bug, or a known failure that no longer shows; this fails the suite).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 from pathlib import Path
 
-import pandas as pd
 from jinja2 import Environment, Undefined, select_autoescape
 
+from ckpt_chaos import __version__
+
+SCHEMA_VERSION = 1
 COLUMNS = ["scenario", "verdict", "families", "kinds", "launches", "steps_lost", "time_to_detect_s",
            "time_to_recover_s", "save_s", "save_stall_s", "resumed_from", "wall_s", "reason"]
+# Verdicts that let a suite pass; "skipped" passes unless the run is strict; any other fails it
+# (``fail``, ``xpass``, and a verdict this version does not know).
+PASSING = ("pass", "xfail")
 
 
 def suite_dir(reports_root: Path, suite: str) -> Path:
@@ -36,46 +52,175 @@ def suite_dir(reports_root: Path, suite: str) -> Path:
     return out
 
 
-def table(results: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(results)
-    for col in COLUMNS:
-        if col not in df:
-            df[col] = None
-    for col in ("families", "kinds", "resumed_from"):
-        df[col] = df[col].map(lambda v: " ".join(v) if isinstance(v, list) else v)
-    return df[COLUMNS]
+def failed(row: dict) -> bool:
+    return row["verdict"] not in (*PASSING, "skipped")
+
+
+# ---- one scenario's row -------------------------------------------------------------------------
+
+def trainer_revision(module: str) -> dict | None:
+    """``{"commit", "dirty"}`` of the git repository the trainer module's code is tracked in; None when
+    it is not (an installed package, no git here). Dirty: tracked files differ from the commit."""
+    top = module.split(".")[0]
+    try:
+        spec = PathFinder.find_spec(top, [*sys.path, os.getcwd()])  # finds it without importing it
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return None
+    origin = Path(spec.origin)
+
+    def git(*args: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(["git", "-C", str(origin.parent), *args], capture_output=True, text=True,
+                                  timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    tracked = git("ls-files", "--error-unmatch", origin.name)
+    commit = git("rev-parse", "HEAD")
+    if not tracked or tracked.returncode != 0 or not commit or commit.returncode != 0:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit.stdout.strip(), "dirty": bool(status and status.stdout.strip())}
+
+
+def apply_known_failure(row: dict, known_failure: str | None, source: str = "the scenario file") -> dict:
+    """The row's verdict given the check the scenario is kept to show failing: ``xfail`` when that check
+    failed, ``xpass`` when the run passed, ``fail`` when other checks failed and it did not."""
+    if not known_failure or row["verdict"] == "skipped":
+        return row
+    checks = {c["name"]: c for c in row.get("checks", [])}
+    named = checks.get(known_failure)
+    failing = [c["name"] for c in row.get("checks", []) if c["verdict"] == "fail"]
+    if named is not None and named["verdict"] == "fail":
+        others = [n for n in failing if n != known_failure]
+        return {**row, "verdict": "xfail", "known_failure": known_failure,
+                "reason": f"known failure: {known_failure}: {named['detail']}"
+                          + (f" (also failing: {', '.join(others)})" if others else "")}
+    if named is None:
+        missing = (f"expect.known_failure names {known_failure!r}, which is no check of this run "
+                   f"(its checks: {', '.join(checks) or 'none'}); fix the name in {source}")
+    else:
+        missing = f"{known_failure} did not fail ({named['verdict']}: {named['detail']})"
+    if failing:
+        return {**row, "verdict": "fail", "known_failure": known_failure,
+                "reason": f"{row['reason']}; and the known failure: {missing}"}
+    return {**row, "verdict": "xpass", "known_failure": known_failure,
+            "reason": f"known failure passed: {missing}; if the bug it documents is fixed, remove "
+                      f"expect.known_failure from {source}"}
+
+
+def scenario_row(result, scenario, write: bool = True) -> dict:
+    """The scenario's row for the suite's table: the runner's result with its known failure applied and
+    what made it (tool version, trainer revision); also written to the run's ``result.json``."""
+    row = apply_known_failure(result.to_dict(), scenario.expect.known_failure, scenario.source)
+    row["trainer_module"] = scenario.trainer_module
+    row["trainer_revision"] = trainer_revision(scenario.trainer_module)
+    if write and row.get("run_dir") and Path(row["run_dir"]).is_dir():
+        _write_json(Path(row["run_dir"]) / "result.json", {**stamp(), **row})
+    return row
+
+
+def stamp() -> dict:
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__}
+
+
+def check_lines(row: dict) -> str:
+    """The row's checks as text, one a line: ``verdict name: detail``."""
+    return "\n".join(f"{c['verdict']:<5} {c['name']}: {c['detail']}" for c in row.get("checks", []))
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)  # a reader never sees half a file
+
+
+# ---- the suite ----------------------------------------------------------------------------------
+
+def table(results: list[dict]) -> list[dict]:
+    """The CSV's rows: COLUMNS only, lists joined with spaces, missing values empty."""
+    out = []
+    for r in results:
+        row = {}
+        for col in COLUMNS:
+            v = r.get(col)
+            row[col] = " ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)
+        out.append(row)
+    return out
 
 
 def write(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool = True) -> Path:
     """Write results.csv, results.json and index.html (with each scenario's plots); returns the HTML path."""
     out = Path(out)
-    df = table(results)
-    df.to_csv(out / "results.csv", index=False)
-    (out / "results.json").write_text(json.dumps({"suite": suite, "wall_s": wall_s, "results": results}, indent=1))
+    tmp = out / ".results.csv.tmp"
+    with tmp.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(table(results))
+    os.replace(tmp, out / "results.csv")
+    _write_json(out / "results.json", {**stamp(), "suite": suite, "wall_s": wall_s, "results": results})
     return render(out, suite, results, wall_s, plots)
+
+
+def write_junit(path: Path, suite: str, results: list[dict], wall_s: float) -> Path:
+    """JUnit XML, one testcase per scenario: a failure or a skip with its reason, the checks as text."""
+    path = Path(path)
+    name = f"ckpt-chaos.{suite}"
+    ts = ET.Element("testsuite", name=name, tests=str(len(results)), errors="0",
+                    failures=str(sum(1 for r in results if failed(r))),
+                    skipped=str(sum(1 for r in results if r["verdict"] in ("skipped", "xfail"))),
+                    time=f"{wall_s:.3f}", timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()))
+    for r in results:
+        tc = ET.SubElement(ts, "testcase", classname=name, name=r["scenario"], time=f"{r.get('wall_s') or 0:.3f}")
+        checks = check_lines(r)
+        verdict = r["verdict"]
+        if verdict == "skipped":
+            ET.SubElement(tc, "skipped", type="ckpt-chaos.skip", message=r.get("reason", ""))
+        elif verdict == "xfail":  # as pytest writes an xfail, so CI dashboards count it the same
+            ET.SubElement(tc, "skipped", type="pytest.xfail", message=r.get("reason", ""))
+        elif verdict == "xpass":
+            ET.SubElement(tc, "failure", message=f"[XPASS(strict)] {r.get('reason', '')}").text = checks
+        elif verdict != "pass":
+            ET.SubElement(tc, "failure", message=r.get("reason") or f"verdict {verdict}").text = checks
+        out = [f"verdict: {verdict}"] + ([f"run: {r['run_dir']}"] if r.get("run_dir") else []) + [checks]
+        ET.SubElement(tc, "system-out").text = "\n".join(filter(None, out))
+    suites = ET.Element("testsuites", name="ckpt-chaos")
+    suites.append(ts)
+    ET.indent(suites)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    ET.ElementTree(suites).write(tmp, encoding="utf-8", xml_declaration=True)
+    os.replace(tmp, path)
+    return path
 
 
 def render(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool = True) -> Path:
     """index.html from stored results (``ckpt-chaos report`` calls this on an old run)."""
-    from ckpt_chaos.report.plots import plot_scenario
-
     out = Path(out)
     rows = []
     for r in results:
         run_dir = out / r["scenario"]
         if plots and run_dir.is_dir():
+            from ckpt_chaos.report.plots import plot_scenario
+
             made = plot_scenario(run_dir)
         else:  # keep what an earlier build drew
             made = {k: f for k, f in (("loss", "loss.svg"), ("timeline", "timeline.svg")) if (run_dir / f).is_file()}
-        failed = [c for c in r.get("checks", []) if c["verdict"] == "fail"]
-        rows.append({**r, "plots": made, "failed": failed, "has_dir": run_dir.is_dir()})
+        bad = [c for c in r.get("checks", []) if c["verdict"] == "fail"]
+        rows.append({**r, "plots": made, "failed": bad, "has_dir": run_dir.is_dir()})
     families: dict[str, dict[str, int]] = {}
+    counts: dict[str, int] = {"pass": 0, "fail": 0, "skipped": 0}
     for r in results:
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
         for fam in r.get("families") or ["none"]:
-            families.setdefault(fam, {"pass": 0, "fail": 0, "skipped": 0})[r["verdict"]] += 1
-    counts = {k: sum(1 for r in results if r["verdict"] == k) for k in ("pass", "fail", "skipped")}
+            c = families.setdefault(fam, {})
+            c[r["verdict"]] = c.get(r["verdict"], 0) + 1
     html = _TEMPLATE.render(suite=suite, wall_s=wall_s, rows=rows, counts=counts, families=families,
-                            generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+                            failing=sum(1 for r in results if failed(r)),
+                            generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                            tool_version=__version__)
     (out / "index.html").write_text(html)
     return out / "index.html"
 
@@ -147,6 +292,9 @@ def _fmt(v, digits: int = 1) -> str:
 
 _env = Environment(autoescape=select_autoescape(default=True))
 _env.filters["fmt"] = _fmt
+# Verdicts beyond pass, fail and skipped (xfail, xpass, any a newer checker gives): ", 1 xfail".
+_env.globals["others"] = lambda counts: "".join(f", {n} {v}" for v, n in sorted(counts.items())
+                                                if v not in ("pass", "fail", "skipped") and n)
 # Self-contained: inline CSS and script, plots as SVG files next to each scenario's history. It opens
 # from the file system with no network.
 _TEMPLATE = _env.from_string("""<!doctype html>
@@ -155,7 +303,8 @@ _TEMPLATE = _env.from_string("""<!doctype html>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; max-width: 1300px; }
 table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 4px 8px; vertical-align: top; }
 th { background: #f3f3f3; cursor: pointer; user-select: none; } th:after { content: " \\2195"; color: #aaa; }
-.pass { background: #e5f5e0; } .fail { background: #fde0dd; } .skipped { background: #fff7bc; }
+.pass { background: #e5f5e0; } .fail, .xpass { background: #fde0dd; } .skipped { background: #fff7bc; }
+.xfail { background: #e0ecf4; }
 td.num { text-align: right; } #banner { padding: 1em; font-size: 1.3em; margin-bottom: 1em; border-radius: 6px; }
 .family { display: inline-block; margin: 0 1em 0.5em 0; padding: 2px 8px; border-radius: 4px; }
 section.scenario { border-top: 2px solid #ddd; margin-top: 2em; padding-top: 0.5em; }
@@ -164,13 +313,13 @@ pre { background: #f6f6f6; padding: 0.5em; white-space: pre-wrap; } ul.failed li
 #filter { margin: 0.5em 0; padding: 4px; width: 30em; }
 </style></head><body>
 <h1>ckpt-chaos: suite <code>{{ suite }}</code></h1>
-<div id="banner" class="{{ 'fail' if counts.fail else ('skipped' if counts.skipped else 'pass') }}">
-{% if counts.fail %}{{ counts.fail }} of {{ rows|length }} scenarios FAILED{% elif counts.skipped %}{{ counts.skipped }}
+<div id="banner" class="{{ 'fail' if failing else ('skipped' if counts.skipped else 'pass') }}">
+{% if failing %}{{ failing }} of {{ rows|length }} scenarios FAILED{% elif counts.skipped %}{{ counts.skipped }}
 of {{ rows|length }} scenarios could not run here (skipped){% else %}all {{ rows|length }} scenarios passed{% endif %}
-&middot; {{ counts.pass }} passed, {{ counts.fail }} failed, {{ counts.skipped }} skipped &middot; {{ wall_s|fmt }} s
-&middot; {{ generated }}</div>
-<div id="families">{% for fam, c in families|dictsort %}<span class="family {{ 'fail' if c.fail else ('skipped' if c.skipped else 'pass') }}">
-{{ fam }}: {{ c.pass }} passed{% if c.fail %}, {{ c.fail }} failed{% endif %}{% if c.skipped %}, {{ c.skipped }} skipped{% endif %}</span>{% endfor %}</div>
+&middot; {{ counts.pass }} passed, {{ counts.fail }} failed, {{ counts.skipped }} skipped{{ others(counts) }} &middot; {{ wall_s|fmt }} s
+&middot; {{ generated }} &middot; ckpt-chaos {{ tool_version }}</div>
+<div id="families">{% for fam, c in families|dictsort %}<span class="family {{ 'fail' if c.fail or c.xpass else ('skipped' if c.skipped else 'pass') }}">
+{{ fam }}: {{ c.pass or 0 }} passed{% if c.fail %}, {{ c.fail }} failed{% endif %}{% if c.skipped %}, {{ c.skipped }} skipped{% endif %}{{ others(c) }}</span>{% endfor %}</div>
 <input id="filter" placeholder="filter: a scenario name, verdict, fault kind or family" aria-label="filter">
 <table id="scenarios"><thead><tr><th>scenario</th><th>verdict</th><th>faults</th><th>resumed from</th>
 <th>launches</th><th>steps lost</th><th>detect (s)</th><th>recover (s)</th><th>save stall (s)</th><th>wall (s)</th></tr></thead><tbody>
