@@ -137,3 +137,21 @@ def test_requirements_ask_every_family():
 
     local = next(s for s in CATALOGUE if s.name == "kill-rank1-mid-shard-write")
     assert requirements(local) is None  # signals to our own children always work
+
+
+@pytest.mark.slow
+def test_a_kind_added_in_its_family_module_runs_end_to_end(tmp_path):
+    """``interrupt`` was added to faults/process.py alone (with its scenario and this test): the loader,
+    the runner's dispatch, the checks and the report take it from the registry."""
+    from ckpt_chaos.check.history import read_history
+    from ckpt_chaos.run.runner import run_scenario
+
+    s = next(s for s in catalogue(REPO_ROOT / "ckpt_chaos" / "scenarios") if s.name == "interrupt-rank0-mid-step")
+    assert s.kinds == ["interrupt"] and "interrupt" in s.labels and "default" not in s.suites
+    r = run_scenario(s, tmp_path / "runs", tmp_path / "golden")
+    assert r.verdict == "pass", r.reason
+    checks = {c["name"]: c for c in r.checks}
+    assert checks["fault_0_job_failed"]["verdict"] == "pass"  # SIGINT ends the launch, as its kind says
+    assert r.resumed_from == ["step_00000004"] and r.launches == 2
+    fired = [h for h in read_history(r.run_dir) if h["source"] == "harness" and h["kind"] == "fault"]
+    assert [h["fault"] for h in fired] == ["interrupt"] and fired[0]["ranks"] == [0]

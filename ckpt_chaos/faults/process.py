@@ -130,6 +130,11 @@ class ProcessNemesis(Nemesis):
                 self.stopped.append(pid)
         return None
 
+    def interrupt(self, fault: Fault, event: dict, record: dict) -> None:
+        for pid in self._targets(fault, event, record).values():
+            signal_pid(pid, signal.SIGINT)
+        return None
+
     def raise_(self, fault: Fault, event: dict, record: dict) -> dict:
         self._targets(fault, event, record)
         return {"do": "raise", "error": fault.params.error, "message": f"at {event['point']}"}
@@ -213,4 +218,6 @@ KINDS = (
     FaultKind("raise", "process", "raise an exception inside the triggering rank at the probe point "
               "(error: oom|io|runtime)", RaiseParams, ProcessNemesis, ProcessNemesis.raise_, "#ef3b2c",
               validate=_check_raise, ends_launch=True),
+    FaultKind("interrupt", "process", "SIGINT the target ranks: Ctrl-C on an interactive job, or scancel "
+              "--signal=INT", NoParams, ProcessNemesis, ProcessNemesis.interrupt, "#fb6a4a", ends_launch=True),
 )
