@@ -17,7 +17,7 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
     ckpt_every_steps = 4
 
     [[faults]]
-    kind = "kill"                   # see FAULT_KINDS
+    kind = "kill"                   # see FAULT_KINDS (each kind: ckpt_chaos/faults/FAMILY.py)
     target = "rank:1"               # rank:N | ranks:A,B | all | majority | minority | node:N | triggering
     [faults.when]                   # a count of probe events, never a timer
     point = "ckpt.shard.write"      # probe point (ckpt_chaos/probe/__init__.py POINTS)
@@ -46,7 +46,7 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
     max_lost_steps = 4              # default: one checkpoint interval
     deadline_s = 300                # the harness kills everything after this long
 
-Storage faults take their own keys (``KIND_KEYS`` lists them per kind), for example::
+Most kinds take keys of their own (each kind's parameter dataclass in ``ckpt_chaos/faults/``), for example::
 
     [[faults]]
     kind = "errno"                  # fail calls with an errno, from faultfs (default) or libfiu
@@ -89,12 +89,12 @@ nothing runs from a file that does not validate.
 
 from __future__ import annotations
 
-import errno as errno_module
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ckpt_chaos.faults import KINDS, FaultKind, Invalid, families, lookup
 from ckpt_chaos.probe import POINTS
 
 # Points the harness observes from outside, for trainers that do not call the probe.
@@ -102,63 +102,15 @@ EXTERNAL_POINTS = (
     "fs.created",  # a file or directory whose path (relative to the run directory) matches when.path appeared
 )
 
-# kind -> (family, one-line meaning). Families become pytest markers, like the kinds themselves.
-FAULT_KINDS: dict[str, tuple[str, str]] = {
-    "kill": ("process", "SIGKILL the target ranks (with node:N, the node's launcher too)"),
-    "term": ("process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s"),
-    "stop": ("process", "SIGSTOP the target ranks: a hang that the job must detect by its collective timeout"),
-    "raise": ("process", "raise an exception inside the triggering rank at the probe point (error: oom|io|runtime)"),
-    "pause": ("node", "freeze every process of the target nodes (docker pause, or SIGSTOP in a namespace node) "
-                      "until the launch is torn down"),
-    "replace": ("node", "kill the target nodes; the relaunch runs them as fresh nodes whose local disk is empty"),
-    "partition": ("network", "drop the traffic between nodes (split: isolate | halves | store) until the launch "
-                             "ends, by nftables rules or by unplugging the node's link"),
-    "heal": ("network", "lift every partition here (firewall rules deleted, links plugged back in): a transient "
-                        "partition"),
-    "disk_full": ("storage", "fill the checkpoint file system until headroom_kb is left (ballast kept until the "
-                             "next launch, or for good with keep_full)"),
-    "errno": ("storage", "fail chosen calls with an errno: the nth_call matching call (count times) or each with "
-                         "a seeded probability; via faultfs (any call, path globs) or libfiu (the next call)"),
-    "slow": ("storage", "add latency_ms to each matching call and/or cap the write bandwidth (bandwidth_mb_s)"),
-    "power_loss": ("storage", "SIGKILL the whole node, then lose every write, create and rename not yet made "
-                              "durable by fsync"),
-    "corrupt": ("storage", "truncate, flip bits in, or delete files of a committed checkpoint (newest, oldest or "
-                           "by name)"),
-    "toxic": ("remote", "add a Toxiproxy toxic (latency, bandwidth, timeout, reset_peer, slicer, limit_data, "
-                        "slow_close) to the upload link (link = remote) or the rendezvous-store link (link = store), "
-                        "until a heal or the end of the launch"),
-    "lose_disk": ("remote", "SIGKILL the whole node and wipe its local checkpoint disk: the relaunch has only the "
-                            "remote tier to resume from"),
-}
-# The keys each kind takes beyond kind, when, target and attempt.
-KIND_KEYS: dict[str, tuple[str, ...]] = {
-    "kill": (), "term": ("grace_s",), "stop": (), "raise": ("error",),
-    "pause": (), "replace": (), "partition": ("split", "cut"), "heal": (),
-    "toxic": ("link", "toxic", "stream", "toxicity", "attributes", "keep"), "lose_disk": (),
-    "disk_full": ("headroom_kb", "keep_full"),
-    "errno": ("call", "errno", "path", "nth_call", "count", "probability", "seed", "via"),
-    "slow": ("call", "path", "latency_ms", "bandwidth_mb_s"),
-    "power_loss": (),
-    "corrupt": ("corruption", "file", "checkpoint"),
-}
-CALLS = ("open", "write", "read", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate", "any")
-LIBFIU_CALLS = ("open", "write", "fsync", "rename", "unlink", "truncate")
-CORRUPTIONS = ("truncate", "flip", "delete")
+# kind -> (family, one-line meaning), from the fault registry (ckpt_chaos/faults/). Families become
+# pytest markers, like the kinds themselves.
+FAULT_KINDS: dict[str, tuple[str, str]] = {k.name: (k.family, k.doc) for k in KINDS.values()}
+FAMILIES = families()
 FILE_SYSTEMS = ("host", "tmpfs", "ext4")
-FAMILIES = sorted({family for family, _ in FAULT_KINDS.values()})
 RELAUNCH = ("harness", "torchrun", "none")
 BACKENDS = ("local", "docker", "netns")
-SPLITS = ("isolate", "halves", "store")
-CUTS = ("nftables", "disconnect")
 TRAJECTORY = ("bit-exact", "tolerance")
-RAISE_ERRORS = ("oom", "io", "runtime")
-LINKS = ("remote", "store")
-STREAMS = ("upstream", "downstream")
-# Toxiproxy's toxics and the attributes each takes (https://github.com/Shopify/toxiproxy#toxics).
-TOXICS: dict[str, tuple[str, ...]] = {
-    "latency": ("latency", "jitter"), "bandwidth": ("rate",), "slow_close": ("delay",), "timeout": ("timeout",),
-    "reset_peer": ("timeout",), "slicer": ("average_size", "size_variation", "delay"), "limit_data": ("bytes",),
-}
+GENERIC_KEYS = ("kind", "when", "target", "attempt")  # every fault's keys; the rest are its kind's (faults/)
 
 
 class ScenarioError(ValueError):
@@ -183,42 +135,57 @@ class Trigger:
     name: str | None = None  # the checkpoint being saved or loaded has this name
     path: str | None = None  # fs.created: glob over paths relative to the run directory
 
+    @property
+    def external(self) -> bool:
+        """An event the harness observes from outside (no rank waits at it)."""
+        return self.point in EXTERNAL_POINTS
 
-@dataclass
+
+@dataclass(init=False)
 class Fault:
     kind: str
     when: Trigger
     target: str = "triggering"
     attempt: int = 0  # the launch it belongs to (0 = first); in torchrun mode, torchrun's restart count
-    grace_s: float = 10.0  # term: SIGKILL after this long
-    error: str = "oom"  # raise: the exception
-    headroom_kb: int = 0  # disk_full: free space left
-    keep_full: bool = False  # disk_full: the disk stays full across relaunches
-    call: str = "any"  # errno, slow: which calls (CALLS)
-    errno: str = "EIO"  # errno: the error, by name
-    path: str = "*"  # errno, slow: glob over paths inside the checkpoint directory
-    nth_call: int = 1  # errno: the first matching call (counted from the trigger) that fails
-    count: int = 1  # errno: how many matching calls fail from there (0: all)
-    probability: float | None = None  # errno: instead, each matching call fails with this chance ...
-    seed: int = 0  # ... drawn from a generator seeded with this
-    via: str = "faultfs"  # errno: faultfs | libfiu
-    latency_ms: float = 0.0  # slow: added to each matching call
-    bandwidth_mb_s: float = 0.0  # slow: cap on write bandwidth (MiB/s), 0: none
-    corruption: str = "truncate"  # corrupt: truncate | flip | delete
-    file: str = "*.distcp"  # corrupt: glob over the checkpoint's files
-    checkpoint: str = "newest"  # corrupt: newest | oldest | a checkpoint name
-    split: str = "isolate"  # partition: isolate | halves | store
-    cut: str = "nftables"  # partition: nftables | disconnect
-    link: str = "remote"  # toxic: remote (trainer <-> S3) | store (agents and ranks <-> rendezvous store)
-    toxic: str = "timeout"  # toxic: the Toxiproxy toxic type (TOXICS)
-    stream: str = "upstream"  # toxic: upstream (client to server) | downstream
-    toxicity: float = 1.0  # toxic: the chance that it applies to a connection
-    attributes: dict[str, Any] = field(default_factory=dict)  # toxic: its attributes, e.g. { rate = 256 }
-    keep: bool = False  # toxic: stays across relaunches (their rendezvous too), until a heal or the run's end
+    params: Any = None  # the kind's parameters (its dataclass in ckpt_chaos/faults/), defaults if not given
+
+    def __init__(self, kind: str, when: Trigger, target: str = "triggering", attempt: int = 0,
+                 params: Any = None, **keys: Any):
+        """``Fault(kind="errno", when=..., call="fsync", errno="EIO")``: the kind's keys as keyword
+        arguments, as in the TOML table, or its parameters built already (``params``)."""
+        spec = lookup(kind)
+        if params is None:
+            params = spec.make_params(**keys)
+        elif keys or not isinstance(params, spec.params):
+            raise TypeError(f"fault kind {kind!r}: give params as a {spec.params.__name__} or the keys "
+                            f"({', '.join(spec.keys) or 'none'}), not both")
+        self.kind, self.when, self.target, self.attempt, self.params = kind, when, target, attempt, params
+
+    @property
+    def spec(self) -> FaultKind:
+        """The kind's definition in the fault registry."""
+        return lookup(self.kind)
 
     @property
     def family(self) -> str:
-        return FAULT_KINDS[self.kind][0]
+        return self.spec.family
+
+    @property
+    def ends_launch(self) -> bool:
+        """The faulted launch cannot go on (the uploader dies alone: training goes on without it)."""
+        return self.spec.ends_launch and self.target != "uploader"
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """What the run must set up for it (storage layers, proxies), as its kind says."""
+        return self.spec.needs(self.params) if self.spec.needs else frozenset()
+
+    def keys(self) -> dict[str, Any]:
+        """The kind's keys that differ from their defaults, as the TOML table writes them."""
+        defaults = self.spec.params()
+        return {f.name: getattr(self.params, f.name) for f in fields(self.params)
+                if getattr(self.params, f.name) is not None
+                and getattr(self.params, f.name) != getattr(defaults, f.name)}
 
 
 @dataclass
@@ -319,11 +286,9 @@ class Scenario:
         """The storage stack the faults need (ckpt_chaos/env/storage.py)."""
         from ckpt_chaos.env.storage import StorageSpec
 
-        faultfs = any(f.kind in ("slow", "power_loss") or (f.kind == "errno" and f.via == "faultfs")
-                      for f in self.faults)
-        return StorageSpec(fs=self.storage.fs, size_mb=self.storage.size_mb, faultfs=faultfs,
-                           lazy=any(f.kind == "power_loss" for f in self.faults),
-                           libfiu=any(f.kind == "errno" and f.via == "libfiu" for f in self.faults))
+        needs = frozenset().union(*(f.needs for f in self.faults))
+        return StorageSpec(fs=self.storage.fs, size_mb=self.storage.size_mb, faultfs="faultfs" in needs,
+                           lazy="lazy" in needs, libfiu="libfiu" in needs)
 
     def resumed_world_size(self) -> int:
         return self.recovery.world_size or self.world_size
@@ -331,12 +296,8 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("source")
-        defaults = asdict(Fault(kind="kill", when=Trigger(point="step.end")))
-        for f in d["faults"]:
-            f["when"] = {k: v for k, v in f["when"].items() if v is not None}
-            for k in [k for k in f if k not in ("kind", "when", "target", "attempt") + KIND_KEYS[f["kind"]]
-                      or f[k] is None or (k in KIND_KEYS[f["kind"]] and f[k] == defaults[k])]:
-                del f[k]
+        d["faults"] = [{"kind": f.kind, "when": {k: v for k, v in asdict(f.when).items() if v is not None},
+                        "target": f.target, "attempt": f.attempt, **f.keys()} for f in self.faults]
         if not self.cluster.multi_node:
             d.pop("cluster")
         if self.remote is None:
@@ -452,10 +413,13 @@ def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
     faults = []
     for i, raw in enumerate(raw_faults):
         key = f"faults[{i}]"
-        f = _take(Fault, raw, source, key, required=("kind", "when"))
-        if f["kind"] not in FAULT_KINDS:
+        if not isinstance(raw, dict):
+            raise _error(source, key, f"expected a table, found {type(raw).__name__}", "write each fault as [[faults]]")
+        f = _take(Fault, {k: v for k, v in raw.items() if k in GENERIC_KEYS}, source, key, required=("kind", "when"))
+        if f["kind"] not in KINDS:
             raise _error(source, f"{key}.kind", f"unknown fault kind {f['kind']!r}",
-                         f"allowed kinds: {', '.join(FAULT_KINDS)}")
+                         f"allowed kinds: {', '.join(KINDS)}")
+        spec = KINDS[f["kind"]]
         when = _take(Trigger, f["when"], source, f"{key}.when", required=("point",))
         if when["point"] not in POINTS + EXTERNAL_POINTS:
             raise _error(source, f"{key}.when.point", f"unknown probe point {when['point']!r}",
@@ -466,14 +430,13 @@ def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
         if when.get("nth", 1) < 1:
             raise _error(source, f"{key}.when.nth", "must be 1 or more", "count events from 1")
         f["when"] = Trigger(**when)
-        if f.get("error", "oom") not in RAISE_ERRORS:
-            raise _error(source, f"{key}.error", f"unknown error {f['error']!r}", f"allowed: {', '.join(RAISE_ERRORS)}")
-        extra = [k for k in f if k not in ("kind", "when", "target", "attempt") + KIND_KEYS[f["kind"]]]
+        own = {k: v for k, v in raw.items() if k not in GENERIC_KEYS}
+        extra = [k for k in own if k not in spec.keys]
         if extra:
-            takes = ", ".join(KIND_KEYS[f["kind"]]) or "no keys of its own"
-            raise _error(source, f"{key}.{extra[0]}", f"does not apply to kind {f['kind']!r}",
-                         f"{f['kind']} takes {takes} (besides kind, when, target, attempt)")
-        faults.append(Fault(**f))
+            raise _error(source, f"{key}.{extra[0]}", f"does not apply to kind {spec.name!r}",
+                         f"{spec.name} takes {', '.join(spec.keys) or 'no keys of its own'} "
+                         f"(besides {', '.join(GENERIC_KEYS)})")
+        faults.append(Fault(**f, params=spec.params(**_take(spec.params, own, source, key))))
     storage = Storage(**_take(Storage, data.get("storage", {}), source, "storage"))
     cluster = Cluster(**_take(Cluster, data.get("cluster", {}), source, "cluster"))
     remote = Remote(**_take(Remote, data["remote"], source, "remote")) if "remote" in data else None
@@ -512,34 +475,25 @@ def validate(s: Scenario) -> None:
         raise _error(src, "expect.trajectory", "bit-exact across a world-size change",
                      "use trajectory = \"tolerance\" (the README says why)")
     for i, f in enumerate(s.faults):
-        if f.kind == "heal" and not s.cluster.multi_node and s.remote is not None:
-            if not any(g.kind == "toxic" and g.attempt == f.attempt for g in s.faults):
-                raise _error(src, f"faults[{i}].kind", "heal without a toxic in the same launch", "add a toxic fault")
-        elif f.family in ("node", "network"):
-            _check_cluster_fault(s, i, f)
+        if f.spec.validate is not None:  # the kind's own checks first: they explain a target best
+            try:
+                f.spec.validate(s, f)
+            except Invalid as e:
+                raise _error(src, e.key if e.top else f"faults[{i}].{e.key}", e.problem, e.fix) from None
         _check_target(f.target, s, src, f"faults[{i}].target")
-        if not s.probe and f.when.point not in EXTERNAL_POINTS:
+        if not s.probe and not f.when.external:
             raise _error(src, f"faults[{i}].when.point", f"{f.when.point!r} needs the probe, and probe = false",
                          f"use an external point ({', '.join(EXTERNAL_POINTS)}) or probe = true")
-        if f.when.point in EXTERNAL_POINTS and f.target == "triggering":
+        if f.when.external and f.target == "triggering":
             raise _error(src, f"faults[{i}].target", "an external event has no triggering rank",
                          "name the ranks: rank:N, all, ...")
-        if f.kind == "raise" and f.when.point in EXTERNAL_POINTS:
-            raise _error(src, f"faults[{i}].kind", "raise needs a probe point", "use kill, term or stop")
         if f.when.rank is not None and not 0 <= f.when.rank < s.world_size:
             raise _error(src, f"faults[{i}].when.rank", f"rank {f.when.rank} does not exist at world size "
                          f"{s.world_size}", f"use a rank in 0..{s.world_size - 1}")
-        if f.kind == "raise" and f.target not in ("triggering", f"rank:{f.when.rank}"):
-            raise _error(src, f"faults[{i}].target", "a raise happens inside the rank whose event fired",
-                         "use target = \"triggering\" (and when.rank to choose the rank)")
-        if f.kind == "term" and f.grace_s <= 0:
-            raise _error(src, f"faults[{i}].grace_s", f"{f.grace_s}", "use a positive grace period")
-        if f.family == "storage":
-            _check_storage_fault(s, i, f)
-        if f.family == "remote":
-            _check_remote_fault(s, i, f)
-        if f.target == "uploader" and f.kind != "kill":
-            raise _error(src, f"faults[{i}].target", f"{f.kind} does not act on the uploader", "use kind = \"kill\"")
+        if f.target == "uploader" and not f.spec.uploader:
+            takes = [k.name for k in KINDS.values() if k.uploader]
+            raise _error(src, f"faults[{i}].target", f"{f.kind} does not act on the uploader",
+                         "use kind = " + " or ".join(f'"{k}"' for k in takes))
         if f.attempt > s.recovery.max_restarts:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
@@ -576,112 +530,12 @@ def _check_cluster(s: Scenario) -> None:
         if world % c.ranks_per_node:
             raise _error(src, key, f"{world} ranks do not fill nodes of {c.ranks_per_node} rank(s)",
                          "use a multiple of cluster.ranks_per_node")
-    if s.storage.fs != "host" or any(f.family == "storage" for f in s.faults):
+    if s.storage.fs != "host":
         raise _error(src, "storage", f"storage faults run on the local backend, not {c.backend!r}",
                      "drop [storage] and storage faults, or use backend = \"local\"")
     if not s.probe:
         raise _error(src, "probe", f"the {c.backend} backend drives trainers through the probe",
                      "use probe = true, or backend = \"local\" for an unprobed trainer")
-
-
-def _check_cluster_fault(s: Scenario, i: int, f: Fault) -> None:
-    src, key = s.source, f"faults[{i}]"
-    if not s.cluster.multi_node:
-        raise _error(src, f"{key}.kind", f"{f.kind} needs several nodes", "add [cluster] backend = \"docker\" "
-                     "(or \"netns\")")
-    if f.when.point in EXTERNAL_POINTS:
-        raise _error(src, f"{key}.when.point", f"{f.kind} acts at a probe point", "use a probe point")
-    if f.kind == "partition":
-        if f.split not in SPLITS:
-            raise _error(src, f"{key}.split", f"unknown split {f.split!r}", f"allowed: {', '.join(SPLITS)}")
-        if f.cut not in CUTS:
-            raise _error(src, f"{key}.cut", f"unknown cut {f.cut!r}", f"allowed: {', '.join(CUTS)}")
-        if s.nodes() < 2:
-            raise _error(src, "world_size", "a partition needs 2 nodes or more", "raise world_size")
-        if f.split == "store" and f.cut != "nftables":
-            raise _error(src, f"{key}.cut", "only the store's port is cut, which takes a firewall rule",
-                         "use cut = \"nftables\"")
-        if f.split in ("isolate", "store") and not f.target.startswith("node:"):
-            raise _error(src, f"{key}.target", f"split = {f.split!r} cuts whole nodes", "use target = \"node:N\"")
-        if f.split == "store" and f.target == "node:0":
-            raise _error(src, f"{key}.target", "node 0 hosts the rendezvous store", "cut another node")
-    elif f.kind == "heal":
-        if not any(g.kind in ("partition", "toxic") and g.attempt == f.attempt for g in s.faults):
-            raise _error(src, f"{key}.kind", "heal without a partition or toxic in the same launch",
-                         "add a partition or toxic fault")
-    elif not f.target.startswith("node:"):
-        raise _error(src, f"{key}.target", f"{f.kind} acts on whole nodes", "use target = \"node:N\"")
-
-
-def _check_remote_fault(s: Scenario, i: int, f: Fault) -> None:
-    src, key = s.source, f"faults[{i}]"
-    if s.remote is None:
-        raise _error(src, f"{key}.kind", f"{f.kind} needs a remote tier", "add a [remote] table")
-    if s.cluster.multi_node:
-        raise _error(src, f"{key}.kind", f"{f.kind} runs on the local backend here, not {s.cluster.backend!r}",
-                     "drop [cluster], or the remote fault")
-    if f.when.point in EXTERNAL_POINTS:
-        raise _error(src, f"{key}.when.point", f"{f.kind} acts at a probe point", "use a probe point")
-    if f.kind == "lose_disk" and f.target not in ("node:0", "all"):
-        raise _error(src, f"{key}.target", "the local backend has one node, and its disk goes with it",
-                     "use target = \"node:0\"")
-    if f.kind != "toxic":
-        return
-    if f.link not in LINKS:
-        raise _error(src, f"{key}.link", f"unknown link {f.link!r}", f"allowed: {', '.join(LINKS)}")
-    if f.link == "remote" and not s.remote.proxy:
-        raise _error(src, f"{key}.link", "the upload link bypasses the fault proxy (remote.proxy = false)",
-                     "set [remote] proxy = true")
-    if f.toxic not in TOXICS:
-        raise _error(src, f"{key}.toxic", f"unknown toxic {f.toxic!r}", f"allowed: {', '.join(TOXICS)}")
-    if f.stream not in STREAMS:
-        raise _error(src, f"{key}.stream", f"unknown stream {f.stream!r}", f"allowed: {', '.join(STREAMS)}")
-    if not 0 <= f.toxicity <= 1:
-        raise _error(src, f"{key}.toxicity", f"{f.toxicity}", "use a probability in [0, 1]")
-    for k, v in f.attributes.items():
-        if k not in TOXICS[f.toxic]:
-            raise _error(src, f"{key}.attributes.{k}", f"not an attribute of {f.toxic}",
-                         f"{f.toxic} takes {', '.join(TOXICS[f.toxic])}")
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise _error(src, f"{key}.attributes.{k}", f"wrong value {v!r}", "use a whole number >= 0")
-
-
-def _check_storage_fault(s: Scenario, i: int, f: Fault) -> None:
-    src, key = s.source, f"faults[{i}]"
-    if f.when.point in EXTERNAL_POINTS:
-        raise _error(src, f"{key}.when.point", f"{f.kind} acts at a probe point", "use a probe point")
-    if f.kind == "disk_full" and s.storage.fs == "host":
-        raise _error(src, f"{key}.kind", "disk_full needs a file system of limited size",
-                     "add [storage] with fs = \"tmpfs\" or \"ext4\" and size_mb")
-    if f.kind == "disk_full" and f.headroom_kb < 0:
-        raise _error(src, f"{key}.headroom_kb", f"{f.headroom_kb}", "use 0 or more")
-    if f.kind in ("errno", "slow") and f.call not in CALLS:
-        raise _error(src, f"{key}.call", f"unknown call {f.call!r}", f"allowed: {', '.join(CALLS)}")
-    if f.kind == "errno":
-        if not (f.errno.startswith("E") and isinstance(getattr(errno_module, f.errno, None), int)):
-            raise _error(src, f"{key}.errno", f"unknown errno {f.errno!r}", "use a name such as ENOSPC, EIO, "
-                         "EDQUOT, EROFS")
-        if f.via not in ("faultfs", "libfiu"):
-            raise _error(src, f"{key}.via", f"unknown mechanism {f.via!r}", "allowed: faultfs, libfiu")
-        if f.nth_call < 1 or f.count < 0:
-            raise _error(src, f"{key}.nth_call", f"nth_call={f.nth_call}, count={f.count}",
-                         "nth_call counts from 1; count is 0 (every call) or more")
-        if f.probability is not None and not 0 < f.probability <= 1:
-            raise _error(src, f"{key}.probability", f"{f.probability}", "use a probability in (0, 1]")
-        if f.via == "libfiu":
-            if f.call not in LIBFIU_CALLS:
-                raise _error(src, f"{key}.call", f"libfiu cannot fail {f.call!r} (it does not wrap openat, "
-                             "renameat, mkdir...)", f"use via = \"faultfs\", or a call of {', '.join(LIBFIU_CALLS)}")
-            if f.path != "*" or f.nth_call != 1 or f.count != 1 or f.seed != 0:
-                raise _error(src, f"{key}.via", "libfiu fails the next call of the process (or each with a "
-                             "probability), whatever the path", "drop path/nth_call/count/seed, or use via = "
-                             "\"faultfs\"")
-    if f.kind == "slow" and f.latency_ms <= 0 and f.bandwidth_mb_s <= 0:
-        raise _error(src, f"{key}.latency_ms", "neither latency_ms nor bandwidth_mb_s is set",
-                     "set latency_ms > 0 and/or bandwidth_mb_s > 0")
-    if f.kind == "corrupt" and f.corruption not in CORRUPTIONS:
-        raise _error(src, f"{key}.corruption", f"unknown corruption {f.corruption!r}",
-                     f"allowed: {', '.join(CORRUPTIONS)}")
 
 
 def load(path: str | Path) -> Scenario:

@@ -18,7 +18,7 @@ import pytest
 from harness import cluster
 from ckpt_chaos.env.cluster import Cluster, leftovers, remove_leftovers
 from ckpt_chaos.env.launcher import REPO_ROOT
-from ckpt_chaos.faults.nemesis import partition_rules
+from ckpt_chaos.faults.cluster import partition_rules
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
 from tests.helpers import start_cli

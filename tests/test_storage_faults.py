@@ -181,9 +181,9 @@ def test_save_swallowing_enospc_is_caught(tmp_path, golden_root):
 
 
 def test_a_machine_without_what_a_fault_needs_skips_loudly(tmp_path, monkeypatch):
-    import ckpt_chaos.faults.nemesis
+    import ckpt_chaos.faults.storage
 
-    monkeypatch.setattr(ckpt_chaos.faults.nemesis, "missing", lambda *a, **k: "mounting a file system needs root")
+    monkeypatch.setattr(ckpt_chaos.faults.storage, "missing", lambda *a, **k: "mounting a file system needs root")
     result = run_scenario(load(SCENARIOS / "disk-full-mid-shard-write.toml"), tmp_path / "r", tmp_path / "golden")
     assert result.verdict == "skipped"
     assert result.reason == ("cannot inject disk_full on fs=tmpfs: mounting a file system needs root")

@@ -14,16 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_chaos.check.history import final_state, read_history, trajectory, trajectory_records, trainer_events
-from ckpt_chaos.scenario import Fault, Scenario
+from ckpt_chaos.faults import FaultKind
+from ckpt_chaos.scenario import Scenario
 
 EXACT_FIELDS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_seen")
 COMPONENTS = ("model", "optimizer", "scheduler", "counters", "dataloader", "rng", "grads")
 # After a world-size change the per-rank RNG streams are reseeded by design (README).
 WORLD_CHANGE_EXEMPT = ("rng",)
-# Faults after which a trainer may keep training (a failed save is skipped with a warning).
-KEEPS_RUNNING = ("disk_full", "errno", "slow", "corrupt", "toxic", "heal")
-# Trainer events that report a storage failure.
-SURFACED = ("save_failed", "ckpt_rejected", "load_failed")
 
 
 @dataclass
@@ -103,7 +100,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     _faults_fired(run, report)
     _completion(run, report)
     _fault_effects(run, report)
-    _storage_effects(run, report)
+    _kind_effects(run, report)
     _trajectory(run, report)
     _loaded_equals_saved(run, report)
     _resume_choice(run, report)
@@ -150,28 +147,17 @@ def _completion(run: Run, report: Report) -> None:
 
 
 def _fault_effects(run: Run, report: Report) -> None:
-    """The faulted launch failed (kill/stop/raise) or stopped cleanly with an emergency save (term)."""
+    """The faulted launch failed (a fault that ends it), or ended as its kind says it must (a
+    preemption: stopped cleanly with an emergency save)."""
     for h in run.harness("fault"):
         fault = run.s.faults[h["index"]]
         launch = h["launch"]
         ex = run.exit_of(launch)
-        if fault.kind == "term":
-            later = [x for x in run.harness("fault") if x["launch"] == launch and x["t"] > h["t"]]
-            if later:  # the scenario broke the emergency save on purpose
-                report.add(f"fault_{h['index']}_preemption_handled", True,
-                           f"not expected: fault {later[0]['index']} ({later[0]['fault']}) interrupted the emergency save")
-                continue
-            stops = [e for e in run.trainer("stopped", launch) if e.get("reason") == "preempt"]
-            in_grace = not (ex and ex.get("grace_expired"))
-            ok = bool(stops) and in_grace
-            detail = (f"emergency checkpoint at step {stops[0]['step']}+{stops[0]['micro']} micro-batches in "
-                      f"{stops[0]['save_s']:.2f}s, inside the {fault.grace_s:.0f}s grace period" if ok else
-                      "no emergency checkpoint before the grace period ran out" if stops or not in_grace else
-                      "the job did not stop with an emergency checkpoint after SIGTERM")
-            report.add(f"fault_{h['index']}_preemption_handled", ok, detail)
+        if fault.spec.exit_check is not None:
+            fault.spec.exit_check(run, h, report)
             continue
-        if run.s.expect.job_fails is None and (fault.kind in KEEPS_RUNNING or fault.target == "uploader"):
-            continue  # whether the job stops is the trainer's policy; _storage_effects checks it said so
+        if run.s.expect.job_fails is None and not fault.ends_launch:
+            continue  # whether the job stops is the trainer's policy; the kind's effect check sees it said so
         expect_fail = run.s.expect.job_fails if run.s.expect.job_fails is not None else True
         if ex is None or run.s.recovery.relaunch == "torchrun":
             later = [x for x in run.launches() if x > launch]
@@ -182,6 +168,15 @@ def _fault_effects(run: Run, report: Report) -> None:
         report.add(f"fault_{h['index']}_job_failed", failed == expect_fail,
                    f"launch {launch} exited with status {ex['rc']}"
                    + ("" if failed == expect_fail else f" (expected {'failure' if expect_fail else 'success'})"))
+
+
+def _kind_effects(run: Run, report: Report) -> None:
+    """What the trainer must show of each fault, as its kind says (ckpt_chaos/faults/): a storage
+    fault that made calls fail was reported, a corrupted checkpoint was rejected before a load."""
+    for h in run.harness("fault"):
+        spec = run.s.faults[h["index"]].spec
+        if spec.effect_check is not None:
+            spec.effect_check(run, h, report)
 
 
 def _diagnose(run: Run, step: int, fields_: list[str]) -> str:
@@ -341,7 +336,7 @@ def _crash_states(run: Run, report: Report) -> None:
         snap = ex["snapshot"]
         latest = snap.get("latest")
         # A checkpoint a corrupt fault damaged on purpose is not the trainer's to keep valid.
-        damaged = {h.get("checkpoint") for h in run.harness("fault") if h["fault"] == "corrupt" and h["t"] <= ex["t"]}
+        damaged = {h.get("checkpoint") for h in run.harness("fault") if _spec(run, h).damages and h["t"] <= ex["t"]}
         committed = [c for c in committed if c["name"] not in damaged]
         if latest in damaged:
             report.add(f"latest_valid@{ex['launch']}", True, f"`latest` names {latest}, damaged by a corrupt fault")
@@ -353,7 +348,7 @@ def _crash_states(run: Run, report: Report) -> None:
                        f"checkpoint ({reason}): the pointer moved before the checkpoint was durable"
                        f"{_blame(run, ex['t'])}")
         pool = committed
-        if any(h["fault"] == "lose_disk" and h["launch"] == ex["launch"] for h in run.harness("fault")):
+        if any(_spec(run, h).loses_disk and h["launch"] == ex["launch"] for h in run.harness("fault")):
             # The local disk is gone with everything on it: what must survive is what was durable.
             pool = [{"name": e["name"], "t": e["t"], "attempt": e.get("attempt")} for e in run.trainer("uploaded")]
         before = [c for c in pool if c.get("t", 0) <= ex["t"] and c.get("attempt") == ex["launch"]]
@@ -375,6 +370,11 @@ def _crash_states(run: Run, report: Report) -> None:
                        f" ({snap['checkpoints'].get(last, 'gone')}){why}{_blame(run, ex['t'], last)}")
 
 
+def _spec(run: Run, h: dict) -> FaultKind:
+    """The kind of the fault a history record says fired."""
+    return run.s.faults[h["index"]].spec
+
+
 def _blame(run: Run, t: float, ckpt: str | None = None) -> str:
     """"; after FAULT at POINT": the fault that explains a finding at time ``t``, for the diagnosis:
     the corruption of ``ckpt`` if one was done, otherwise the last fault before ``t``."""
@@ -385,8 +385,7 @@ def _blame(run: Run, t: float, ckpt: str | None = None) -> str:
     h = (aimed or before)[-1]
     fault = run.s.faults[h["index"]]
     at = h["at"]
-    what = {"errno": f"errno ({fault.errno} on {fault.call} of {fault.path})",
-            "corrupt": f"corrupt ({fault.corruption} {'; '.join(h.get('files', []))})"}.get(h["fault"], h["fault"])
+    what = fault.spec.describe(fault, h) if fault.spec.describe else fault.kind
     out = f"; after {what} at {at['point']} (rank {at['rank']})"
     lost = h.get("lost")
     if lost:
@@ -397,97 +396,12 @@ def _blame(run: Run, t: float, ckpt: str | None = None) -> str:
     return out
 
 
-def _storage_effects(run: Run, report: Report) -> None:
-    """A storage fault that made calls fail was reported by the trainer (or stopped the launch);
-    a corrupted checkpoint was rejected, with its reason, before it could be loaded."""
-    injected = {}
-    for heal in run.harness("heal"):
-        for item in heal.get("faultfs", {}).get("injected", []):
-            injected.setdefault((heal["launch"], item["rule"]), []).append(item)
-    for h in run.harness("fault"):
-        i, fault, launch = h["index"], run.s.faults[h["index"]], h["launch"]
-        ex = run.exit_of(launch)
-        reported = [e for e in run.events if e["event"] in SURFACED and e.get("attempt") == launch
-                    and e.get("t", 0) >= h["t"]]
-        # The launch stopping counts as reporting the fault only if no later fault stopped it, or
-        # the processes whose calls failed did nothing more (they could not report it: a peer's
-        # fault left them waiting in a collective until the launch ended).
-        later_faults = [x for x in run.harness("fault") if x["launch"] == launch and x["t"] > h["t"] and x["index"] != i]
-        hits = injected.get((launch, h.get("rule")), []) if fault.kind == "errno" and h.get("via") == "faultfs" else None
-        stopped = ex is not None and ex["rc"] != 0 and (not later_faults or (bool(hits) and not _went_on(run, hits)))
-        if hits is not None:
-            calls = ", ".join(f"{x['op']} {x['path']} -> {x['errno']}" for x in hits[:3])
-            failed_first = _save_failed_before(fault, reported) if not hits else None
-            ok = bool(hits) or fault.probability is not None or failed_first is not None
-            report.add(f"fault_{i}_injected", ok, f"{len(hits)} call(s) failed: {calls}" if hits else
-                       "no call failed (probability drawn that way)" if fault.probability is not None else
-                       f"not reached: {failed_first}" if ok else
-                       f"no {fault.call} call on a path matching {fault.path!r} came after the trigger; "
-                       f"check faults[{i}].call, .path and .when")
-            if not hits:
-                continue
-        if fault.kind in ("errno", "disk_full"):
-            if fault.kind == "disk_full":
-                saves = [e for e in run.history if e["source"] == "probe" and e["kind"] == "ckpt.stage"
-                         and e["launch"] == launch and e["t"] >= h["t"]]
-                if not saves and not reported and not stopped:
-                    report.add(f"fault_{i}_surfaced", True, "no save began while the disk was full")
-                    continue
-            ok = bool(reported) or stopped
-            what = f"{fault.kind} ({fault.errno} on {fault.call})" if fault.kind == "errno" else "disk_full"
-            report.add(f"fault_{i}_surfaced", ok,
-                       f"the trainer reported it: {reported[0]['event']} {reported[0].get('name', '')}".rstrip()
-                       if reported else f"launch {launch} stopped with status {ex['rc']}" + (
-                           f": the process whose call failed did nothing more before fault {later_faults[0]['index']} "
-                           f"({later_faults[0]['fault']}) ended the launch, so it had no chance to report it"
-                           if later_faults else "") if ok else
-                       f"{what} made the trainer's I/O fail, but it reported no failure (no save_failed, "
-                       "ckpt_rejected or load_failed event) and kept going: an error was swallowed")
-        elif fault.kind == "corrupt":
-            name = h.get("checkpoint")
-            later = [x for x in run.launches() if x > launch]
-            if not later:
-                report.add(f"fault_{i}_detected", False, f"{name} was corrupted but no launch came after to load it")
-                continue
-            rejected = [e for e in run.trainer("ckpt_rejected", later[0]) if e["name"] == name]
-            point = run.resume_point(later[0])
-            if rejected:
-                report.add(f"fault_{i}_detected", True, f"launch {later[0]} rejected {name}: {rejected[0]['reason']}")
-            elif point and point[0] and point[0] > name:
-                report.add(f"fault_{i}_detected", True, f"not needed: launch {later[0]} resumed from the newer "
-                           f"{point[0]}")
-            else:
-                report.add(f"fault_{i}_detected", False,
-                           f"{name} was corrupted ({'; '.join(h.get('files', []))}) but launch {later[0]} did not "
-                           f"reject it" + (f"; it resumed from {point[0]}" if point and point[0] else ""))
-
-
-def _went_on(run: Run, hits: list[dict]) -> bool:
-    """Whether a process whose call failed did anything after the failure (a probe event)."""
-    first = min(x["t"] for x in hits)
-    pids = {x["pid"] for x in hits}
-    return any(e["source"] == "probe" and e.get("pid") in pids and e.get("t", 0) > first for e in run.history)
-
-
-def _save_failed_before(fault: Fault, reported: list[dict]) -> str | None:
-    """Why an errno fault's call never came, if the save it was aimed at failed on its own first (an
-    earlier fault filled the disk: the shard's write fails before any fsync of it); None otherwise.
-    ``reported``: the failures the trainer reported in the fault's launch after it fired."""
-    name = fault.when.name
-    for e in reported:
-        if e["event"] == "save_failed" and (name is None or e.get("name") == name):
-            error = e.get("error", "").strip().splitlines()[-1:] or ["?"]
-            return (f"save {e.get('name')} failed before any {fault.call} on a path matching {fault.path!r} "
-                    f"({error[0]}), and the trainer reported it")
-    return None
-
-
 def _committed_valid(run: Run, report: Report) -> None:
     """Every checkpoint the trainer reported committed was complete when its launch ended, unless
     retention deleted it or a fault (corruption, power loss) damaged it afterwards."""
     deleted = {n for r in run.trainer("retention") for n in r.get("deleted", [])}
-    damaged = {h.get("checkpoint") for h in run.harness("fault") if h["fault"] == "corrupt"}
-    power_cut = {h["launch"] for h in run.harness("fault") if h["fault"] == "power_loss"}
+    damaged = {h.get("checkpoint") for h in run.harness("fault") if _spec(run, h).damages}
+    power_cut = {h["launch"] for h in run.harness("fault") if _spec(run, h).loses_unsynced}
     checked = 0
     for ex in run.harness("exit"):
         if ex["launch"] in power_cut:
@@ -550,7 +464,7 @@ def _remote_tier(run: Run, report: Report) -> None:
 def _lost_work(run: Run, report: Report) -> None:
     s = run.s
     interval = int(s.trainer.get("ckpt_every_steps", 0) or 0)
-    preempted = any(f.kind == "term" for f in s.faults)
+    preempted = any(f.spec.notice for f in s.faults)
     limit = s.expect.max_lost_steps
     if limit is None:
         limit = 0 if preempted else (interval or None)
@@ -601,7 +515,7 @@ def _timings(run: Run, report: Report) -> None:
     ex = run.exit_of(launch)
     if ex is not None and ex["rc"] == 0 and run.s.recovery.relaunch != "torchrun":
         return  # the job rode the fault out: nothing to detect, nothing to recover from
-    victims = {pid for h in faults if h["fault"] in ("kill", "replace") for pid in h.get("pids", [])}
+    victims = {pid for h in faults if _spec(run, h).kills_target for pid in h.get("pids", [])}
     # Detection: the first rank that the nemesis did not kill exits (it noticed), or the launch ends.
     noticed = [h for h in run.harness("rank_exit") if h["launch"] == launch and h["pid"] not in victims
                and h["t"] >= f0["t"]]

@@ -12,10 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckpt_chaos.check.history import read_history, read_jsonl
+from ckpt_chaos.faults import KINDS
 
-# One colour per kind of thing on a timeline, as Jepsen gives each fault package its colour.
+# One colour per kind of thing on a timeline; each fault in its kind's colour (ckpt_chaos/faults/), as
+# Jepsen gives each fault package its colour.
 COLOURS = {"step": "#9ecae1", "save": "#31a354", "load": "#756bb1", "upload": "#fd8d3c", "fault": "#de2d26",
            "launch": "#636363"}
+
+
+def fault_colour(kind: str) -> str:
+    return KINDS[kind].colour if kind in KINDS else COLOURS["fault"]
 SAVE_START, SAVE_END = "ckpt.stage", ("ckpt.latest", "ckpt.async.done", "ckpt.failed")
 
 
@@ -61,9 +67,10 @@ def _loss(run_dir: Path, history: list[dict]) -> bool:
     for h in history:
         if h["source"] == "harness" and h["kind"] == "fault":
             done = [r["step"] for r in chaos if r.get("attempt", 0) == h["launch"] and r.get("t", 0) <= h["t"]]
-            ax.axvline(max(done, default=0) + 0.5, color=COLOURS["fault"], ls="--", lw=1)
+            colour = fault_colour(h["fault"])
+            ax.axvline(max(done, default=0) + 0.5, color=colour, ls="--", lw=1)
             ax.annotate(h["fault"], (max(done, default=0) + 0.5, 1), xycoords=("data", "axes fraction"),
-                        rotation=90, va="top", ha="right", fontsize=7, color=COLOURS["fault"])
+                        rotation=90, va="top", ha="right", fontsize=7, color=colour)
     for n in launches[1:]:
         first = min(r["step"] for r in chaos if r.get("attempt", 0) == n)
         ax.axvline(first - 0.5, color=COLOURS["launch"], ls=":", lw=1)
@@ -119,10 +126,10 @@ def _timeline(run_dir: Path, history: list[dict]) -> bool:
     for h in harness:
         x = h["t"] - t0
         if h["kind"] == "fault":
-            ax.axvline(x, color=COLOURS["fault"], lw=1)
+            ax.axvline(x, color=fault_colour(h["fault"]), lw=1)
             # staggered, so that faults fired at the same moment stay readable
             ax.annotate(f"{h['fault']} {h.get('target', '')}", (x, len(lanes) + 0.45 + 0.35 * (faults % 2)),
-                        fontsize=7, color=COLOURS["fault"], va="bottom")
+                        fontsize=7, color=fault_colour(h["fault"]), va="bottom")
             faults += 1
         elif h["kind"] in ("launch", "exit"):
             ax.plot([x], [0], marker="|" if h["kind"] == "launch" else "x", ms=10, color=COLOURS["launch"])
@@ -134,7 +141,7 @@ def _timeline(run_dir: Path, history: list[dict]) -> bool:
                                                         else f"rank {r}" for role, r in lanes])
     ax.set_ylim(-0.7, len(lanes) + 1.4)
     ax.set_xlabel("seconds since the first launch  (blue: steps, green: saves, orange: uploads, "
-                  "purple: loads, red: faults)")
+                  "purple: loads, faults in their kind's colour)")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(run_dir / "timeline.svg")

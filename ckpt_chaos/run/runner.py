@@ -1,8 +1,8 @@
 """Run one scenario: the golden run (cached), the chaos run with its faults and relaunches, the checks.
 
 The chaos run is a loop of launches. Every rank reports to a probe server; the generator decides
-on each event whether a fault fires; the nemesis acts while the triggering rank waits. When a
-launch ends without finishing training, the harness takes a snapshot of the checkpoint
+on each event whether a fault fires; the nemesis of its kind (``ckpt_chaos/faults/``) acts while
+the triggering rank waits. When a launch ends without finishing training, the harness takes a snapshot of the checkpoint
 directory (what a resume will find) and relaunches, possibly at another world size, as an
 orchestrator would. In ``torchrun`` mode the launcher's own ``--max-restarts`` does that instead.
 
@@ -36,7 +36,8 @@ from ckpt_chaos.check.history import History, final_state, read_history, snapsho
 from ckpt_chaos.env.launcher import REPO_ROOT, Job, launch
 from ckpt_chaos.env import cluster as cluster_module
 from ckpt_chaos.env.cluster import Cluster
-from ckpt_chaos.faults.nemesis import ClusterNemesis, ProcessNemesis, RemoteNemesis, StorageNemesis, requirements
+from ckpt_chaos.faults import Launch, Nemeses, Setting, requirements
+from ckpt_chaos.faults.process import ProcessNemesis
 from ckpt_chaos.env.objectstore import RemoteTier
 from ckpt_chaos.probe import ENV_ATTEMPT
 from ckpt_chaos.scenario import Scenario
@@ -165,11 +166,10 @@ class ChaosRun:
         self.lock = threading.Lock()
         self.pids: dict[int, int] = {}
         self.launch_no = 0
-        self.nemesis: ProcessNemesis | None = None
-        self.storage_nemesis = StorageNemesis(storage)
+        self.nemeses = Nemeses(Setting(run_dir, storage, cluster, remote))
+        # the supervisor's own business with processes: stopped ranks to reap, a preemption's grace
+        self.process: ProcessNemesis = self.nemeses[ProcessNemesis]
         self.errors: list[str] = []
-        self.cluster_nemesis = ClusterNemesis(cluster, self.pids) if cluster else None
-        self.remote_nemesis = RemoteNemesis(remote, run_dir / "checkpoints") if remote else None
 
     def on_event(self, event: dict) -> dict | None:
         with self.lock:
@@ -225,11 +225,7 @@ class ChaosRun:
             # nobody, and the time a snapshot takes would let the trainer run past the trigger.
             snap = None if external else snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
             fired_at = time.time()
-            nemesis = {"storage": self.storage_nemesis, "node": self.cluster_nemesis,
-                       "network": self.cluster_nemesis, "remote": self.remote_nemesis}.get(fault.family, self.nemesis)
-            if fault.kind == "heal" and self.cluster is None:
-                nemesis = self.remote_nemesis
-            act, record = nemesis.fire(fault, event)
+            act, record = self.nemeses.fire(fault, event)
             if self.remote is not None:  # what the remote tier holds right after the fault acted
                 record["remote_after"] = self.remote.snapshot()
             self.history.add("harness", "fault", t=fired_at, index=index, fault=fault.kind, target=fault.target,
@@ -269,10 +265,7 @@ class ChaosRun:
                                      rendezvous=store or None, rdzv_id=f"{self.run_dir.name}-{n}")
                     self.job = job
                     self.roles.clear()
-                    self.nemesis = ProcessNemesis(job, world, self.pids, cluster=self.cluster, roles=self.roles)
-                    self.storage_nemesis.new_launch(job, world, self.pids)
-                    if self.remote_nemesis:
-                        self.remote_nemesis.new_launch(job, self.pids)
+                    self.nemeses.new_launch(Launch(n, job, world, self.pids, self.roles))
                 self.history.add("harness", "launch", launch=n, world_size=world, pid=job.launcher_pids()[0],
                                  mode=mode, probe=s.probe,
                                  **({"backend": self.cluster.backend, "nodes": len(job.agents),
@@ -287,12 +280,7 @@ class ChaosRun:
                     stop_watching.set()
                     timed_out = rc is None
                     job.kill()
-                    self.nemesis.heal()
-                    healed = self.storage_nemesis.heal()
-                    if self.cluster:
-                        self.cluster.heal()
-                    if self.remote_nemesis:
-                        healed = {**(healed or {}), **({"toxics": t} if (t := self.remote_nemesis.heal()) else {})}
+                    healed = self.nemeses.heal()
                 if healed:
                     self.history.add("harness", "heal", launch=n, **healed)
                 torn_down = getattr(job, "torn_down", [])
@@ -300,7 +288,7 @@ class ChaosRun:
                     self.history.add("harness", "teardown", launch=n, nodes=torn_down,
                                      after_s=self.cluster.teardown_s)
                 self.history.add("harness", "exit", launch=n, rc=rc, deadline_hit=timed_out,
-                                 grace_expired=self.nemesis.grace_expired,
+                                 grace_expired=self.process.grace_expired,
                                  snapshot=snapshot_checkpoints(self.ckpt_root),
                                  **({"remote": self.remote.snapshot()} if self.remote else {}))
                 if timed_out:
@@ -319,7 +307,7 @@ class ChaosRun:
         offset = log.stat().st_size if log is not None and log.exists() else 0
         while time.monotonic() < deadline:
             rc = job.wait(0.1)
-            if log is not None and self.nemesis is not None and self.nemesis.stopped:
+            if log is not None and self.process.stopped:
                 offset = self._reap_stopped(log, offset)
             with self.lock:
                 if not self.s.probe:  # no events tell us the ranks' pids: read them from the processes
@@ -357,7 +345,7 @@ class ChaosRun:
         closing = {int(pid) for pid in CLOSING.findall(chunk[:end].decode(errors="replace"))}
         if closing:
             with self.lock:
-                reaped = self.nemesis.reap_stopped(closing)
+                reaped = self.process.reap_stopped(closing)
             if reaped:
                 self.history.add("harness", "reap_stopped", launch=self.launch_no, pids=reaped,
                                  why="torchrun is closing the stopped worker(s); it would SIGKILL them after 30 s")
@@ -451,7 +439,7 @@ def _remote_for(s: Scenario, run_dir: Path, out_root: Path):
     if s.remote is None:
         return contextlib.nullcontext()
     prefix = f"{Path(out_root).name}/{s.name}-{uuid.uuid4().hex[:6]}"  # unique in a shared bucket
-    store = any(f.kind == "toxic" and f.link == "store" for f in s.faults)
+    store = any("store_proxy" in f.needs for f in s.faults)
     return RemoteTier(run_dir, prefix, s.remote.proxy, store=store)
 
 

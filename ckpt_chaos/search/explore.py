@@ -93,6 +93,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.faults import KINDS as KINDS_BY_NAME
 from ckpt_chaos.scenario import Expect, Fault, Recovery, Remote, Scenario, ScenarioError, Storage, Trigger, load, validate
 
 # A small job: 2 ranks, 8 steps, a checkpoint every 2 steps (4 saves); a launch takes 10-15 s on this
@@ -114,11 +115,6 @@ KINDS: dict[str, tuple[str, ...]] = {
     "remote": ("kill_uploader", "lose_disk", "toxic"),
 }
 DEFAULT_FAMILIES = ("process", "storage")
-ENDS_LAUNCH = ("kill", "term", "stop", "raise", "power_loss", "corrupt", "lose_disk")  # corrupt comes with a kill
-# Storage faults that may fail saves: the work lost to a crash is then not bounded by one interval.
-FAILS_SAVES = ("errno", "disk_full", "corrupt")
-# Faults that take the node's disk: the relaunch restores from the remote tier, maybe an older checkpoint.
-LOSES_DISK = ("lose_disk",)
 # Of a failure's shrinking time, hypothesis's shrinker gets this share; a fault-level deletion pass
 # (``Search._reduce``) the rest, on its own clock: at 30-60 s a run, hypothesis alone gets through
 # few candidates.
@@ -143,9 +139,6 @@ ERRNO_SITES = (
     ("open", "latest.tmp", "rank:0", "ckpt.commit"),
 )
 
-# Faults that end a process where it stands (a kill; a stop, which the peers' timeout turns into a kill; a
-# power cut) leave the disk as it was at that point: one account of the points tried, for all three.
-CRASHES = ("kill", "stop", "power_loss")
 DISK_FULL_PLACES = ("ckpt.stage", "ckpt.shard.write", "step.begin")
 CORRUPT_FILES = ("__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json")
 
@@ -154,8 +147,10 @@ NOT_FINDINGS = re.compile(r"^fault_\d+_fired$")
 
 
 def _account(kind: str) -> str:
-    """The kind under which the search counts the places a fault of ``kind`` has tried."""
-    return "crash" if kind in CRASHES else kind
+    """The kind under which the search counts the places a fault of ``kind`` has tried: faults that end
+    a process where it stands (a kill; a stop, which the peers' timeout turns into a kill; a power cut)
+    leave the disk as it was at that point, so they share one account (``FaultKind.crashes``)."""
+    return "crash" if kind in KINDS_BY_NAME and KINDS_BY_NAME[kind].crashes else kind
 
 
 def _errno_site(call: str, point: str) -> str:
@@ -166,9 +161,9 @@ def where(f: Fault) -> tuple[str, str]:
     """Where a fault strikes, as the search counts what it has tried: its kind (crashes as one), and
     its probe point, errno call and point, or corrupted file."""
     if f.kind == "errno":
-        return "errno", _errno_site(f.call, f.when.point)
+        return "errno", _errno_site(f.params.call, f.when.point)
     if f.kind == "corrupt":
-        return "corrupt", f.file
+        return "corrupt", f.params.file
     if f.kind == "kill" and f.when.point in RANK0_POINTS and f.target == f"rank:{1 - (f.when.rank or 0)}":
         # rank 1 killed while rank 0 commits: rank 0 finishes the commit, so the disk is not left as a crash
         # at that point leaves it. Its own account, or the window would count as tried and never come up.
@@ -227,7 +222,9 @@ def failure_type(ident: str) -> type[ScheduleFailed]:
 def expected(faults: list[Fault]) -> Expect:
     """What a correct trainer guarantees under any of these schedules (module docstring)."""
     interval = TRAINER["ckpt_every_steps"]
-    lost = TRAINER["max_steps"] if any(f.kind in FAILS_SAVES + LOSES_DISK for f in faults) else interval
+    # A fault that may fail saves or lose committed checkpoints leaves the work lost unbounded by one interval.
+    lost = TRAINER["max_steps"] if any(f.spec.fails_saves or f.spec.damages or f.spec.loses_disk
+                                       for f in faults) else interval
     return Expect(trajectory="bit-exact", max_lost_steps=lost, deadline_s=300.0)
 
 
@@ -235,12 +232,13 @@ def _on_world(f: Fault, world: int) -> Fault:
     """A fault of a relaunch at a smaller world size, aimed at ranks that still exist there."""
     if world >= WORLD_SIZE or f.attempt == 0:
         return f
-    f = dataclasses.replace(f, when=dataclasses.replace(f.when))
+    f = dataclasses.replace(f, when=dataclasses.replace(f.when), params=dataclasses.replace(f.params))
     if f.when.rank is not None and f.when.rank >= world:
         f.when.rank = world - 1
     if f.target.startswith(("rank:", "ranks:")):
         f.target = "all" if f.target.startswith("ranks:") else f"rank:{min(int(f.target[5:]), world - 1)}"
-    f.path = re.sub(r"__(\d+)_0", lambda m: f"__{min(int(m.group(1)), world - 1)}_0", f.path)
+    if hasattr(f.params, "path"):
+        f.params.path = re.sub(r"__(\d+)_0", lambda m: f"__{min(int(m.group(1)), world - 1)}_0", f.params.path)
     return f
 
 
@@ -256,13 +254,13 @@ def build(faults: list[Fault], trainer_module: str, name: str | None = None, des
         world_after = None  # no relaunch planned: nothing to resize, and the trajectory stays bit-exact
     if world_after is not None:
         faults = [_on_world(f, world_after) for f in faults]
-    remote = any(f.kind in KINDS["remote"] or f.target == "uploader" for f in faults)
+    remote = any(f.family == "remote" or f.target == "uploader" for f in faults)
     s = Scenario(name="explore", faults=list(faults), description=description, tags=["explore"],
                  suites=list(suites), world_size=WORLD_SIZE, trainer_module=trainer_module,
                  # with uploads, steps slow enough that an upload is under way when a fault aims at it
                  trainer={**TRAINER, "step_delay_s": 0.2} if remote else dict(TRAINER),
                  remote=Remote() if remote else None,
-                 storage=Storage(fs="tmpfs", size_mb=16) if any(f.kind == "disk_full" for f in faults) else Storage(),
+                 storage=Storage(fs="tmpfs", size_mb=16) if any("sized_fs" in f.needs for f in faults) else Storage(),
                  # one spare relaunch: a storage fault may end a launch the story meant to go on
                  recovery=Recovery(relaunch="harness", max_restarts=launches, world_size=world_after),
                  expect=expected(faults))
@@ -308,10 +306,12 @@ class FaultSchedule(RuleBasedStateMachine):
         self.save_dies: dict[int, int] = {}  # save step -> index in SAVE_POINTS of its first point not reached
         self.full_from: int | None = None  # the disk is full: saves from this step fail in their shard write
 
-    def _can(self, kind: str) -> bool:
+    def _can(self, kind: str, ends_launch: bool | None = None) -> bool:
+        """Whether rule ``kind`` may add a fault here; ``ends_launch``: whether it ends the launch, if not
+        as the fault kind of that name does."""
         if kind not in self.kinds:
             return False
-        if kind in ENDS_LAUNCH and self.launch >= MAX_LAUNCHES:
+        if (KINDS_BY_NAME[kind].ends_launch if ends_launch is None else ends_launch) and self.launch >= MAX_LAUNCHES:
             return False
         return self.fresh or self.step <= TRAINER["max_steps"]
 
@@ -371,13 +371,13 @@ class FaultSchedule(RuleBasedStateMachine):
     def _add(self, fault: Fault) -> None:
         fault.attempt = self.launch
         self.faults.append(fault)
-        if _ends_launch(fault):
+        if fault.ends_launch:
             # The next launch resumes at or before the step this one reached, so every later step
             # is certain to come again; recovery points come first. A preemption stops at the next
             # micro-batch boundary and saves there: the relaunch resumes inside the next step.
             reached = fault.when.step or _save_step(fault.when) or self.step
             self.launch += 1
-            self.step = max(self.step, reached + (2 if fault.kind == "term" else 1))
+            self.step = max(self.step, reached + (2 if fault.spec.notice else 1))
             self.fresh = True
             self._new_launch()
             return
@@ -386,10 +386,10 @@ class FaultSchedule(RuleBasedStateMachine):
         if (position := _position(fault.when)) is not None:
             self.last = max(self.last, position)
         save = _save_step(fault.when)
-        if fault.kind in ("errno", "disk_full") and save is not None:  # the save fails after the trigger point
+        if fault.spec.fails_saves and save is not None:  # the save fails after the trigger point
             dies = SAVE_POINTS.index(fault.when.point) + 1
             self.save_dies[save] = min(self.save_dies.get(save, len(SAVE_POINTS)), dies)
-        if fault.kind == "disk_full":  # and every later save in its shard write (this one's may have begun)
+        if fault.spec.fills_disk:  # and every later save in its shard write (this one's may have begun)
             self.full_from = (fault.when.step if save is None
                               else save + TRAINER["ckpt_every_steps"] if dies > 1 else save)
 
@@ -496,7 +496,8 @@ class FaultSchedule(RuleBasedStateMachine):
     def corrupt(self, corruption, file, which, delay):
         # At the start of a step after the first save (a checkpoint exists: none of the faults that
         # fail saves came before), then a crash, so that a relaunch has to judge the damage.
-        if not (self._can("corrupt") and not any(f.kind in ("errno", "disk_full", "power_loss") for f in self.faults)):
+        if not (self._can("corrupt", ends_launch=True)  # it comes with a crash
+                and not any(f.spec.fails_saves or f.spec.loses_unsynced for f in self.faults)):
             return
         file = self._least_tried("corrupt", file, CORRUPT_FILES)
         if (when := self._at("step.begin", 0, delay)) is None:
@@ -515,10 +516,6 @@ class FaultSchedule(RuleBasedStateMachine):
         self.search.judge(self.faults, final=current_build_context().is_final, world_after=self.world_after)
 
 
-def _ends_launch(f: Fault) -> bool:
-    return f.kind in ENDS_LAUNCH and f.target != "uploader"  # the uploader dies alone; training goes on
-
-
 # The remote family's rules live in a mixin: a search without it runs the very class it ran
 # before they existed, so its seeds draw the same schedules.
 class _RemoteRules:
@@ -533,7 +530,7 @@ class _RemoteRules:
 
     @rule(delay=st.integers(0, 3), fraction=st.sampled_from((0.0, 0.5)))
     def kill_uploader(self, delay, fraction):
-        if self._can("kill_uploader") and (when := self._upload("upload.write", delay, fraction)):
+        if self._can("kill_uploader", ends_launch=False) and (when := self._upload("upload.write", delay, fraction)):
             self._add(Fault(kind="kill", when=when, target="uploader"))
 
     @rule(delay=st.integers(0, 3), point=st.sampled_from(("upload.write", "upload.durable")))
@@ -583,11 +580,11 @@ def _without(faults: list[Fault], i: int) -> list[Fault]:
     if f.kind == "heal" and i > 0 and faults[i - 1].kind == "toxic":
         drop.add(i - 1)
     launch = f.attempt
-    ends = any(_ends_launch(faults[j]) and faults[j].kind != "corrupt" for j in drop)
+    ends = any(faults[j].ends_launch for j in drop)
     out = []
     for j, g in enumerate(faults):
         if j not in drop:
-            g = dataclasses.replace(g, when=dataclasses.replace(g.when))
+            g = dataclasses.replace(g, when=dataclasses.replace(g.when), params=dataclasses.replace(g.params))
             if ends and g.attempt > launch:
                 g.attempt -= 1
             out.append(g)

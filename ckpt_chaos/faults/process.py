@@ -1,0 +1,223 @@
+"""Process faults: signals to the job's own processes (kill, term, stop) and exceptions raised inside a
+rank at its probe point. They need nothing beyond the job itself, on every backend.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import psutil
+
+from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams, Setting
+
+if TYPE_CHECKING:
+    from ckpt_chaos.check.checks import Report, Run
+    from ckpt_chaos.env.launcher import Job
+    from ckpt_chaos.scenario import Fault, Scenario
+
+RAISE_ERRORS = ("oom", "io", "runtime")
+
+
+@dataclass
+class TermParams:
+    grace_s: float = 10.0  # SIGKILL whatever is left this long after the SIGTERM
+
+
+@dataclass
+class RaiseParams:
+    error: str = "oom"  # the exception raised in the rank: oom | io | runtime
+
+
+def signal_pid(pid: int, sig: signal.Signals) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
+
+
+def kill_local_node(job: Job, pids: list[int]) -> int:
+    """SIGKILL the local node: its launcher first, so nobody is left to react, then the ranks; returns
+    the launcher's pid once the ranks are gone."""
+    launcher = job.launcher_pids()[0]
+    signal_pid(launcher, signal.SIGKILL)
+    for pid in pids:
+        signal_pid(pid, signal.SIGKILL)
+    wait_gone(pids)
+    return launcher
+
+
+class ProcessNemesis(Nemesis):
+    """SIGKILL, SIGTERM-then-SIGKILL, SIGSTOP and in-process exceptions, on the current launch."""
+
+    def __init__(self, setting: Setting):
+        super().__init__(setting)
+        self.stopped: list[int] = []
+        self.grace_expired: list[float] = []  # when a term's grace ran out with the job alive (this launch)
+        self._timers: list[threading.Timer] = []
+
+    def new_launch(self, launch) -> None:
+        super().new_launch(launch)
+        self.stopped, self.grace_expired, self._timers = [], [], []
+
+    def _targets(self, fault: Fault, event: dict, record: dict) -> dict[int, int]:
+        """rank -> pid of the fault's targets in this launch, noted in ``record``."""
+        from ckpt_chaos.scenario import target_ranks
+
+        cluster = self.setting.cluster
+        ranks = target_ranks(fault.target, self.launch.world_size, triggering=event["rank"],
+                             ranks_per_node=cluster.ranks_per_node if cluster else None)
+        pids = {r: self.launch.pids[r] for r in ranks if r in self.launch.pids}
+        record.update(ranks=ranks, pids=sorted(pids.values()), missing_ranks=sorted(set(ranks) - set(pids)))
+        return pids
+
+    def kill(self, fault: Fault, event: dict, record: dict) -> None:
+        pids = self._targets(fault, event, record)
+        if fault.target == "uploader":
+            pid = self.launch.roles.get("uploader")
+            record.update(uploader_pid=pid)
+            if pid is not None:
+                signal_pid(pid, signal.SIGKILL)
+                wait_gone([pid])
+            return None
+        if fault.target.startswith("node:") and self.setting.cluster is not None:
+            record["node"] = int(fault.target[5:])
+            self.setting.cluster.kill_nodes([record["node"]])  # docker kill: the host is gone
+            wait_gone(list(pids.values()))
+            return None
+        if fault.target.startswith("node:"):
+            # Node loss: the launcher dies with its workers, nobody is left to report it.
+            record["launcher_pid"] = kill_local_node(self.launch.job, list(pids.values()))
+            return None
+        for pid in pids.values():
+            signal_pid(pid, signal.SIGKILL)
+        wait_gone(list(pids.values()))
+        return None
+
+    def term(self, fault: Fault, event: dict, record: dict) -> None:
+        pids = self._targets(fault, event, record)
+        if fault.target in ("all", "node:0"):
+            record["to"] = "launcher"  # as a scheduler's preemption notice reaches the job
+            self.launch.job.signal(signal.SIGTERM)
+        else:
+            for pid in pids.values():
+                signal_pid(pid, signal.SIGTERM)
+        timer = threading.Timer(fault.params.grace_s, self._grace_expired, args=(self.launch.job,))
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+        record["grace_s"] = fault.params.grace_s
+        return None
+
+    def stop(self, fault: Fault, event: dict, record: dict) -> None:
+        for pid in self._targets(fault, event, record).values():
+            if signal_pid(pid, signal.SIGSTOP):
+                self.stopped.append(pid)
+        return None
+
+    def interrupt(self, fault: Fault, event: dict, record: dict) -> None:
+        for pid in self._targets(fault, event, record).values():
+            signal_pid(pid, signal.SIGINT)
+        return None
+
+    def raise_(self, fault: Fault, event: dict, record: dict) -> dict:
+        self._targets(fault, event, record)
+        return {"do": "raise", "error": fault.params.error, "message": f"at {event['point']}"}
+
+    def reap_stopped(self, closing: set[int]) -> list[int]:
+        """SIGKILL the stopped processes among ``closing``, those torchrun has begun to close.
+
+        torchrun closes a worker group with SIGTERM, waits 30 s for the workers to exit, then
+        SIGKILLs them (``PContext.close(timeout=30)``, no knob). A stopped process cannot act on
+        SIGTERM, so that wait ends in the same SIGKILL with nothing run in between: sending it now
+        changes nothing but the clock (30 s of every run with a hang)."""
+        reaped = [pid for pid in self.stopped if pid in closing]
+        for pid in reaped:
+            signal_pid(pid, signal.SIGKILL)
+            signal_pid(pid, signal.SIGCONT)
+        self.stopped = [pid for pid in self.stopped if pid not in reaped]
+        return reaped
+
+    def _grace_expired(self, job: Job) -> None:
+        if job.poll() is None:
+            self.grace_expired.append(time.time())
+            job.kill()
+
+    def heal(self) -> dict:
+        """Cancel pending grace timers and resume stopped processes (if any are left)."""
+        for t in self._timers:
+            t.cancel()
+        for pid in self.stopped:
+            signal_pid(pid, signal.SIGCONT)
+        self.stopped.clear()
+        return {}
+
+
+# ---- validation and checks ------------------------------------------------------------------------
+
+def _check_term(s: Scenario, f: Fault) -> None:
+    if f.params.grace_s <= 0:
+        raise Invalid("grace_s", f"{f.params.grace_s}", "use a positive grace period")
+
+
+def _check_raise(s: Scenario, f: Fault) -> None:
+    if f.params.error not in RAISE_ERRORS:
+        raise Invalid("error", f"unknown error {f.params.error!r}", f"allowed: {', '.join(RAISE_ERRORS)}")
+    if f.when.external:
+        raise Invalid("kind", "raise needs a probe point", "use kill, term or stop")
+    if f.target not in ("triggering", f"rank:{f.when.rank}"):
+        raise Invalid("target", "a raise happens inside the rank whose event fired",
+                      "use target = \"triggering\" (and when.rank to choose the rank)")
+
+
+def _preemption_handled(run: Run, h: dict, report: Report) -> None:
+    """The job stopped cleanly after SIGTERM: an emergency checkpoint inside the grace period."""
+    fault = run.s.faults[h["index"]]
+    launch = h["launch"]
+    ex = run.exit_of(launch)
+    name = f"fault_{h['index']}_preemption_handled"
+    later = [x for x in run.harness("fault") if x["launch"] == launch and x["t"] > h["t"]]
+    if later:  # the scenario broke the emergency save on purpose
+        report.add(name, True, f"not expected: fault {later[0]['index']} ({later[0]['fault']}) interrupted the "
+                   "emergency save")
+        return
+    stops = [e for e in run.trainer("stopped", launch) if e.get("reason") == "preempt"]
+    in_grace = not (ex and ex.get("grace_expired"))
+    ok = bool(stops) and in_grace
+    detail = (f"emergency checkpoint at step {stops[0]['step']}+{stops[0]['micro']} micro-batches in "
+              f"{stops[0]['save_s']:.2f}s, inside the {fault.params.grace_s:.0f}s grace period" if ok else
+              "no emergency checkpoint before the grace period ran out" if stops or not in_grace else
+              "the job did not stop with an emergency checkpoint after SIGTERM")
+    report.add(name, ok, detail)
+
+
+KINDS = (
+    FaultKind("kill", "process", "SIGKILL the target ranks (with node:N, the node's launcher too)",
+              NoParams, ProcessNemesis, ProcessNemesis.kill, "#de2d26",
+              ends_launch=True, crashes=True, kills_target=True, uploader=True),
+    FaultKind("term", "process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s",
+              TermParams, ProcessNemesis, ProcessNemesis.term, "#fc9272", validate=_check_term,
+              exit_check=_preemption_handled, ends_launch=True, notice=True),
+    FaultKind("stop", "process", "SIGSTOP the target ranks: a hang that the job must detect by its collective "
+              "timeout", NoParams, ProcessNemesis, ProcessNemesis.stop, "#67000d", ends_launch=True, crashes=True),
+    FaultKind("raise", "process", "raise an exception inside the triggering rank at the probe point "
+              "(error: oom|io|runtime)", RaiseParams, ProcessNemesis, ProcessNemesis.raise_, "#ef3b2c",
+              validate=_check_raise, ends_launch=True),
+    FaultKind("interrupt", "process", "SIGINT the target ranks: Ctrl-C on an interactive job, or scancel "
+              "--signal=INT", NoParams, ProcessNemesis, ProcessNemesis.interrupt, "#fb6a4a", ends_launch=True),
+)

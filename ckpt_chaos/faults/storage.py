@@ -1,0 +1,363 @@
+"""Storage faults, on the run's storage stack (``ckpt_chaos/env/storage.py``): a ballast file that fills
+the disk, faultfs rules (errno, latency, bandwidth) or libfiu, a simulated power cut, and damage to
+the bytes of committed checkpoints. They run on the local backend.
+"""
+
+from __future__ import annotations
+
+import errno as errno_module
+import fnmatch
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckpt_chaos.env.storage import missing
+from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams
+
+if TYPE_CHECKING:
+    from ckpt_chaos.check.checks import Report, Run
+    from ckpt_chaos.scenario import Fault, Scenario
+
+CALLS = ("open", "write", "read", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate", "any")
+LIBFIU_CALLS = ("open", "write", "fsync", "rename", "unlink", "truncate")
+CORRUPTIONS = ("truncate", "flip", "delete")
+# Trainer events that report a storage failure.
+SURFACED = ("save_failed", "ckpt_rejected", "load_failed")
+
+
+@dataclass
+class DiskFullParams:
+    headroom_kb: int = 0  # free space left on the file system
+    keep_full: bool = False  # the disk stays full across relaunches (else the ballast goes at the launch's end)
+
+
+@dataclass
+class ErrnoParams:
+    call: str = "any"  # which calls fail (CALLS)
+    errno: str = "EIO"  # the error, by name
+    path: str = "*"  # glob over paths inside the checkpoint directory
+    nth_call: int = 1  # the first matching call (counted from the trigger) that fails
+    count: int = 1  # how many matching calls fail from there (0: all)
+    probability: float | None = None  # instead, each matching call fails with this chance ...
+    seed: int = 0  # ... drawn from a generator seeded with this
+    via: str = "faultfs"  # faultfs (any call, path globs) | libfiu (the next call of the process)
+
+
+@dataclass
+class SlowParams:
+    call: str = "any"  # which calls are slowed (CALLS)
+    path: str = "*"  # glob over paths inside the checkpoint directory
+    latency_ms: float = 0.0  # added to each matching call
+    bandwidth_mb_s: float = 0.0  # cap on write bandwidth (MiB/s), 0: none
+
+
+@dataclass
+class CorruptParams:
+    corruption: str = "truncate"  # truncate (to half) | flip (8 bits in the middle) | delete
+    file: str = "*.distcp"  # glob over the checkpoint's files
+    checkpoint: str = "newest"  # newest | oldest | a checkpoint name
+
+
+class StorageNemesis(Nemesis):
+    """Disk full, errno injection, slow storage, power loss and corruption, for the whole run.
+
+    faultfs rules and the ballast outlive a launch only if the scenario says so: ``heal`` at the
+    end of each launch disarms every rule and, unless a disk_full asked to keep the disk full,
+    gives the space back (as an operator who frees space before restarting the job would)."""
+
+    keep_full = False
+
+    @staticmethod
+    def missing(s: Scenario) -> str | None:
+        spec = s.storage_spec()
+        why = missing(spec.fs, spec.faultfs, spec.libfiu)
+        if why:
+            kinds = sorted({f.kind for f in s.faults if f.spec.nemesis is StorageNemesis}) or ["the storage stack"]
+            return f"{', '.join(kinds)} on fs={spec.fs}{' + faultfs' if spec.faultfs else ''}: {why}"
+        return None
+
+    def _targets(self, fault: Fault, event: dict, record: dict) -> dict[int, int]:
+        from ckpt_chaos.scenario import target_ranks
+
+        ranks = target_ranks(fault.target, self.launch.world_size, triggering=event["rank"])
+        pids = {r: self.launch.pids[r] for r in ranks if r in self.launch.pids}
+        record.update(ranks=ranks, pids=sorted(pids.values()), missing_ranks=sorted(set(ranks) - set(pids)))
+        return pids
+
+    def disk_full(self, fault: Fault, event: dict, record: dict) -> None:
+        self.keep_full |= fault.params.keep_full
+        record.update(self.setting.storage.fill(fault.params.headroom_kb * 1024))
+
+    def errno(self, fault: Fault, event: dict, record: dict) -> None:
+        p = fault.params
+        pids = self._targets(fault, event, record)
+        if p.via == "libfiu":
+            for pid in pids.values():
+                self.setting.storage.fiu_fail(pid, p.call, getattr(errno_module, p.errno), p.probability)
+            record["via"] = "libfiu"
+            return
+        self._arm(fault, pids, record, errno=getattr(errno_module, p.errno), nth=p.nth_call, count=p.count,
+                  probability=p.probability, seed=p.seed)
+
+    def slow(self, fault: Fault, event: dict, record: dict) -> None:
+        p = fault.params
+        self._arm(fault, self._targets(fault, event, record), record, errno=0, delay_s=p.latency_ms / 1000,
+                  bytes_per_s=p.bandwidth_mb_s * (1 << 20))
+
+    def _arm(self, fault: Fault, pids: dict[int, int], record: dict, **effect) -> None:
+        rule = {"call": fault.params.call, "path": fault.params.path,
+                "pids": None if fault.target == "all" else sorted(pids.values()), **effect}
+        record["rule"] = self.setting.storage.client.call("arm", rule=rule)["id"]
+        record["via"] = "faultfs"
+
+    def power_loss(self, fault: Fault, event: dict, record: dict) -> None:
+        job = self.launch.job
+        record.update(pids=sorted(self.launch.pids.values()), launcher_pid=job.launcher_pids()[0])
+        job.kill()  # the whole node goes down at once
+        record["lost"] = self.setting.storage.client.call("crash")
+
+    def corrupt(self, fault: Fault, event: dict, record: dict) -> None:
+        record.update(corrupt(self.setting.storage.view, fault))
+
+    def heal(self) -> dict:
+        """End of a launch: disarm faultfs rules (returning what they did), drain the ballast."""
+        storage = self.setting.storage
+        out: dict = {}
+        if storage.client is not None:
+            out["faultfs"] = storage.client.call("status")
+            storage.client.call("disarm")
+        if not self.keep_full and storage.drain():
+            out["ballast_removed"] = True
+        return out
+
+
+def corrupt(root: Path, fault: Fault) -> dict:
+    """Damage files of a committed checkpoint under ``root`` (read beneath any fault layer)."""
+    from reference_trainer.checkpoint import list_checkpoints
+
+    p = fault.params
+    ckpts = list_checkpoints(root)
+    if not ckpts:
+        raise RuntimeError(f"corrupt: no checkpoint in {root} to corrupt yet; trigger the fault later")
+    if p.checkpoint == "newest":
+        target = ckpts[0]
+    elif p.checkpoint == "oldest":
+        target = ckpts[-1]
+    else:
+        target = root / p.checkpoint
+        if not target.is_dir():
+            raise RuntimeError(f"corrupt: {p.checkpoint} does not exist; have {[c.name for c in ckpts]}")
+    files = sorted(f for f in target.iterdir() if f.is_file() and fnmatch.fnmatch(f.name, p.file))
+    if not files:
+        raise RuntimeError(f"corrupt: no file of {target.name} matches {p.file!r}")
+    done = []
+    for f in files:
+        size = f.stat().st_size
+        if p.corruption == "truncate":
+            os.truncate(f, size // 2)
+            done.append(f"{f.name}: {size} -> {size // 2} bytes")
+        elif p.corruption == "flip":
+            with open(f, "r+b") as fh:
+                fh.seek(size // 2)
+                byte = fh.read(1)
+                fh.seek(size // 2)
+                fh.write(bytes([byte[0] ^ 0xFF]))
+            done.append(f"{f.name}: 8 bits flipped at byte {size // 2}")
+        else:
+            f.unlink()
+            done.append(f"{f.name}: deleted")
+    return {"checkpoint": target.name, "files": done}
+
+
+# ---- validation ----------------------------------------------------------------------------------
+
+def _on_local_storage(s: Scenario, f: Fault) -> None:
+    if s.cluster.multi_node:
+        raise Invalid("storage", f"storage faults run on the local backend, not {s.cluster.backend!r}",
+                      "drop [storage] and storage faults, or use backend = \"local\"", top=True)
+    if f.when.external:
+        raise Invalid("when.point", f"{f.kind} acts at a probe point", "use a probe point")
+
+
+def _check_call(f: Fault) -> None:
+    if f.params.call not in CALLS:
+        raise Invalid("call", f"unknown call {f.params.call!r}", f"allowed: {', '.join(CALLS)}")
+
+
+def _check_disk_full(s: Scenario, f: Fault) -> None:
+    _on_local_storage(s, f)
+    if s.storage.fs == "host":
+        raise Invalid("kind", "disk_full needs a file system of limited size",
+                      "add [storage] with fs = \"tmpfs\" or \"ext4\" and size_mb")
+    if f.params.headroom_kb < 0:
+        raise Invalid("headroom_kb", f"{f.params.headroom_kb}", "use 0 or more")
+
+
+def _check_errno(s: Scenario, f: Fault) -> None:
+    _on_local_storage(s, f)
+    _check_call(f)
+    p = f.params
+    if not (p.errno.startswith("E") and isinstance(getattr(errno_module, p.errno, None), int)):
+        raise Invalid("errno", f"unknown errno {p.errno!r}", "use a name such as ENOSPC, EIO, EDQUOT, EROFS")
+    if p.via not in ("faultfs", "libfiu"):
+        raise Invalid("via", f"unknown mechanism {p.via!r}", "allowed: faultfs, libfiu")
+    if p.nth_call < 1 or p.count < 0:
+        raise Invalid("nth_call", f"nth_call={p.nth_call}, count={p.count}",
+                      "nth_call counts from 1; count is 0 (every call) or more")
+    if p.probability is not None and not 0 < p.probability <= 1:
+        raise Invalid("probability", f"{p.probability}", "use a probability in (0, 1]")
+    if p.via == "libfiu":
+        if p.call not in LIBFIU_CALLS:
+            raise Invalid("call", f"libfiu cannot fail {p.call!r} (it does not wrap openat, renameat, mkdir...)",
+                          f"use via = \"faultfs\", or a call of {', '.join(LIBFIU_CALLS)}")
+        if p.path != "*" or p.nth_call != 1 or p.count != 1 or p.seed != 0:
+            raise Invalid("via", "libfiu fails the next call of the process (or each with a probability), whatever "
+                          "the path", "drop path/nth_call/count/seed, or use via = \"faultfs\"")
+
+
+def _check_slow(s: Scenario, f: Fault) -> None:
+    _on_local_storage(s, f)
+    _check_call(f)
+    if f.params.latency_ms <= 0 and f.params.bandwidth_mb_s <= 0:
+        raise Invalid("latency_ms", "neither latency_ms nor bandwidth_mb_s is set",
+                      "set latency_ms > 0 and/or bandwidth_mb_s > 0")
+
+
+def _check_corrupt(s: Scenario, f: Fault) -> None:
+    _on_local_storage(s, f)
+    if f.params.corruption not in CORRUPTIONS:
+        raise Invalid("corruption", f"unknown corruption {f.params.corruption!r}",
+                      f"allowed: {', '.join(CORRUPTIONS)}")
+
+
+# ---- effect checks -------------------------------------------------------------------------------
+
+def _went_on(run: Run, hits: list[dict]) -> bool:
+    """Whether a process whose call failed did anything after the failure (a probe event)."""
+    first = min(x["t"] for x in hits)
+    pids = {x["pid"] for x in hits}
+    return any(e["source"] == "probe" and e.get("pid") in pids and e.get("t", 0) > first for e in run.history)
+
+
+def _save_failed_before(fault: Fault, reported: list[dict]) -> str | None:
+    """Why an errno fault's call never came, if the save it was aimed at failed on its own first (an
+    earlier fault filled the disk: the shard's write fails before any fsync of it); None otherwise.
+    ``reported``: the failures the trainer reported in the fault's launch after it fired."""
+    name = fault.when.name
+    for e in reported:
+        if e["event"] == "save_failed" and (name is None or e.get("name") == name):
+            error = e.get("error", "").strip().splitlines()[-1:] or ["?"]
+            return (f"save {e.get('name')} failed before any {fault.params.call} on a path matching "
+                    f"{fault.params.path!r} ({error[0]}), and the trainer reported it")
+    return None
+
+
+def _reported(run: Run, h: dict) -> list[dict]:
+    return [e for e in run.events if e["event"] in SURFACED and e.get("attempt") == h["launch"]
+            and e.get("t", 0) >= h["t"]]
+
+
+def _later_faults(run: Run, h: dict) -> list[dict]:
+    return [x for x in run.harness("fault") if x["launch"] == h["launch"] and x["t"] > h["t"]
+            and x["index"] != h["index"]]
+
+
+def _surfaced(run: Run, h: dict, report: Report, hits: list[dict] | None) -> None:
+    """A fault that made the trainer's I/O fail was reported by the trainer, or stopped the launch.
+
+    The launch stopping counts as reporting the fault only if no later fault stopped it, or the
+    processes whose calls failed did nothing more (they could not report it: a peer's fault left
+    them waiting in a collective until the launch ended)."""
+    i, fault, launch = h["index"], run.s.faults[h["index"]], h["launch"]
+    ex = run.exit_of(launch)
+    reported = _reported(run, h)
+    later = _later_faults(run, h)
+    stopped = ex is not None and ex["rc"] != 0 and (not later or (bool(hits) and not _went_on(run, hits)))
+    if fault.spec.fills_disk:
+        saves = [e for e in run.history if e["source"] == "probe" and e["kind"] == "ckpt.stage"
+                 and e["launch"] == launch and e["t"] >= h["t"]]
+        if not saves and not reported and not stopped:
+            report.add(f"fault_{i}_surfaced", True, "no save began while the disk was full")
+            return
+    ok = bool(reported) or stopped
+    what = (f"{fault.kind} ({fault.params.errno} on {fault.params.call})" if fault.kind == "errno"
+            else fault.kind)
+    report.add(f"fault_{i}_surfaced", ok,
+               f"the trainer reported it: {reported[0]['event']} {reported[0].get('name', '')}".rstrip()
+               if reported else f"launch {launch} stopped with status {ex['rc']}" + (
+                   f": the process whose call failed did nothing more before fault {later[0]['index']} "
+                   f"({later[0]['fault']}) ended the launch, so it had no chance to report it"
+                   if later else "") if ok else
+               f"{what} made the trainer's I/O fail, but it reported no failure (no save_failed, "
+               "ckpt_rejected or load_failed event) and kept going: an error was swallowed")
+
+
+def _errno_effect(run: Run, h: dict, report: Report) -> None:
+    """Injected through faultfs: some call failed (or the save it aimed at failed first); then surfaced."""
+    i, fault = h["index"], run.s.faults[h["index"]]
+    hits = None
+    if h.get("via") == "faultfs":
+        hits = [item for heal in run.harness("heal") if heal["launch"] == h["launch"]
+                for item in heal.get("faultfs", {}).get("injected", []) if item["rule"] == h.get("rule")]
+        calls = ", ".join(f"{x['op']} {x['path']} -> {x['errno']}" for x in hits[:3])
+        failed_first = _save_failed_before(fault, _reported(run, h)) if not hits else None
+        ok = bool(hits) or fault.params.probability is not None or failed_first is not None
+        report.add(f"fault_{i}_injected", ok, f"{len(hits)} call(s) failed: {calls}" if hits else
+                   "no call failed (probability drawn that way)" if fault.params.probability is not None else
+                   f"not reached: {failed_first}" if ok else
+                   f"no {fault.params.call} call on a path matching {fault.params.path!r} came after the trigger; "
+                   f"check faults[{i}].call, .path and .when")
+        if not hits:
+            return
+    _surfaced(run, h, report, hits)
+
+
+def _disk_full_effect(run: Run, h: dict, report: Report) -> None:
+    _surfaced(run, h, report, None)
+
+
+def _corrupt_detected(run: Run, h: dict, report: Report) -> None:
+    """The next launch rejected the corrupted checkpoint, with its reason, before it could load it."""
+    i, launch, name = h["index"], h["launch"], h.get("checkpoint")
+    later = [x for x in run.launches() if x > launch]
+    if not later:
+        report.add(f"fault_{i}_detected", False, f"{name} was corrupted but no launch came after to load it")
+        return
+    rejected = [e for e in run.trainer("ckpt_rejected", later[0]) if e["name"] == name]
+    point = run.resume_point(later[0])
+    if rejected:
+        report.add(f"fault_{i}_detected", True, f"launch {later[0]} rejected {name}: {rejected[0]['reason']}")
+    elif point and point[0] and point[0] > name:
+        report.add(f"fault_{i}_detected", True, f"not needed: launch {later[0]} resumed from the newer {point[0]}")
+    else:
+        report.add(f"fault_{i}_detected", False,
+                   f"{name} was corrupted ({'; '.join(h.get('files', []))}) but launch {later[0]} did not "
+                   f"reject it" + (f"; it resumed from {point[0]}" if point and point[0] else ""))
+
+
+KINDS = (
+    FaultKind("disk_full", "storage", "fill the checkpoint file system until headroom_kb is left (ballast kept "
+              "until the next launch, or for good with keep_full)", DiskFullParams, StorageNemesis,
+              StorageNemesis.disk_full, "#8c510a", validate=_check_disk_full,
+              needs=lambda p: frozenset({"sized_fs"}), effect_check=_disk_full_effect,
+              fails_saves=True, fills_disk=True),
+    FaultKind("errno", "storage", "fail chosen calls with an errno: the nth_call matching call (count times) or "
+              "each with a seeded probability; via faultfs (any call, path globs) or libfiu (the next call)",
+              ErrnoParams, StorageNemesis, StorageNemesis.errno, "#bf812d", validate=_check_errno,
+              needs=lambda p: frozenset({p.via}), effect_check=_errno_effect,
+              describe=lambda f, h: f"errno ({f.params.errno} on {f.params.call} of {f.params.path})",
+              fails_saves=True),
+    FaultKind("slow", "storage", "add latency_ms to each matching call and/or cap the write bandwidth "
+              "(bandwidth_mb_s)", SlowParams, StorageNemesis, StorageNemesis.slow, "#dfc27d",
+              validate=_check_slow, needs=lambda p: frozenset({"faultfs"})),
+    FaultKind("power_loss", "storage", "SIGKILL the whole node, then lose every write, create and rename not yet "
+              "made durable by fsync", NoParams, StorageNemesis, StorageNemesis.power_loss, "#543005",
+              validate=_on_local_storage, needs=lambda p: frozenset({"faultfs", "lazy"}),
+              ends_launch=True, crashes=True, loses_unsynced=True),
+    FaultKind("corrupt", "storage", "truncate, flip bits in, or delete files of a committed checkpoint (newest, "
+              "oldest or by name)", CorruptParams, StorageNemesis, StorageNemesis.corrupt, "#b2182b",
+              validate=_check_corrupt, effect_check=_corrupt_detected,
+              describe=lambda f, h: f"corrupt ({f.params.corruption} {'; '.join(h.get('files', []))})",
+              damages=True),
+)

@@ -1,0 +1,157 @@
+"""The fault registry's contract (ckpt_chaos/faults/): every kind defined once and completely, looked up by
+name everywhere, and the catalogue's scenarios unchanged by it (no processes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+
+import pytest
+
+from ckpt_chaos import faults
+from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.faults import KINDS, FaultKind, Nemesis, families, lookup, nemesis_classes
+from ckpt_chaos.scenario import FAMILIES, FAULT_KINDS, Fault, ScenarioError, Trigger, catalogue, from_dict
+
+CATALOGUE = catalogue(REPO_ROOT / "ckpt_chaos" / "scenarios")
+
+
+@pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
+def test_every_kind_is_defined_completely(kind: FaultKind):
+    assert kind.doc and "\n" not in kind.doc and not kind.doc.endswith(".")
+    assert kind.family in families()
+    assert re.fullmatch(r"#[0-9a-f]{6}", kind.colour)
+    assert dataclasses.is_dataclass(kind.params)
+    defaults = kind.params()  # every parameter has a default
+    assert [f.name for f in dataclasses.fields(defaults)] == list(kind.keys)
+    if kind.heals:  # a heal is every nemesis lifting what it injected
+        assert kind.nemesis is None and kind.action is None
+    else:
+        assert issubclass(kind.nemesis, Nemesis) and callable(kind.action)
+        assert kind.action.__qualname__.startswith(kind.nemesis.__name__ + ".")
+    # defined in its family's module, with its nemesis
+    module = kind.validate.__module__ if kind.validate else (kind.nemesis or Nemesis).__module__
+    assert module.startswith("ckpt_chaos.faults.")
+    assert kind in getattr(faults, module.rsplit(".", 1)[1]).KINDS
+
+
+def test_each_parameter_is_commented_where_it_is_defined():
+    """One field per key, with its default and a comment saying what it means."""
+    import inspect
+
+    for kind in KINDS.values():
+        if not kind.keys:
+            continue
+        source = inspect.getsource(kind.params)
+        for key in kind.keys:
+            line = next(line for line in source.splitlines() if line.strip().startswith(f"{key}:"))
+            assert "=" in line and "#" in line, f"{kind.name}.{key}: {line}"
+
+
+def test_the_names_the_cli_and_the_plugin_import_keep_their_shape():
+    assert FAMILIES == families() == ["network", "node", "process", "remote", "storage"]
+    assert list(FAULT_KINDS)[:4] == ["kill", "term", "stop", "raise"]
+    assert all(FAULT_KINDS[k] == (KINDS[k].family, KINDS[k].doc) for k in KINDS)
+    # one nemesis per family module, composed in the order of the modules
+    assert [c.__module__.rsplit(".", 1)[1] for c in nemesis_classes()] == ["process", "cluster", "storage", "remote"]
+
+
+def test_an_unknown_kind_is_refused_with_the_kinds_there_are():
+    with pytest.raises(ValueError, match="unknown fault kind 'explode'; allowed kinds: kill, term"):
+        lookup("explode")
+    with pytest.raises(ValueError, match="unknown fault kind"):
+        Fault(kind="explode", when=Trigger(point="step.end"))
+
+
+def test_faults_are_built_in_python_with_their_kinds_keys():
+    f = Fault(kind="errno", when=Trigger(point="ckpt.stage"), call="fsync", errno="ENOSPC")
+    assert (f.params.call, f.params.errno, f.params.count) == ("fsync", "ENOSPC", 1)
+    assert f.keys() == {"call": "fsync", "errno": "ENOSPC"}  # what differs from the defaults
+    assert f == Fault(kind="errno", when=Trigger(point="ckpt.stage"), params=f.params)
+    with pytest.raises(TypeError, match="fault kind 'errno' takes call, errno, path.*not 'grace_s'"):
+        Fault(kind="errno", when=Trigger(point="ckpt.stage"), grace_s=3)
+    with pytest.raises(TypeError, match="fault kind 'kill' takes no keys of its own, not 'call'"):
+        Fault(kind="kill", when=Trigger(point="ckpt.stage"), call="fsync")
+    with pytest.raises(TypeError, match="not both"):
+        Fault(kind="term", when=Trigger(point="ckpt.stage"), params=f.params)
+
+
+def test_a_copy_of_a_fault_does_not_share_its_parameters():
+    f = Fault(kind="slow", when=Trigger(point="step.begin"), latency_ms=5.0)
+    g = dataclasses.replace(f, params=dataclasses.replace(f.params, path="x"))
+    assert f.params.path == "*" and g.params.path == "x"
+
+
+@pytest.mark.parametrize("s", CATALOGUE, ids=[s.name for s in CATALOGUE])
+def test_every_catalogue_scenario_loads_and_round_trips(s):
+    text = s.to_toml()
+    again = from_dict(tomllib.loads(text), "round-trip", s.name)
+    assert again.to_toml() == text and again.faults == s.faults
+    for f in s.faults:  # the file's keys are the kind's keys, and the kind knows its family
+        raw = tomllib.loads(text)["faults"][s.faults.index(f)]
+        assert set(raw) - {"kind", "when", "target", "attempt"} <= set(f.spec.keys)
+        assert f.family == KINDS[f.kind].family
+
+
+def test_the_properties_the_checks_and_the_search_go_by():
+    """What used to be kind-name tuples in checker.py and explore.py, now facts of each kind."""
+    def having(prop):
+        return {k.name for k in KINDS.values() if getattr(k, prop)}
+
+    # after these the trainer may keep training: whether it stops is its policy
+    assert set(KINDS) - having("ends_launch") == {"disk_full", "errno", "slow", "corrupt", "toxic", "heal"}
+    assert having("crashes") >= {"kill", "stop", "power_loss"}
+    assert having("fails_saves") == {"errno", "disk_full"} and having("fills_disk") == {"disk_full"}
+    assert having("notice") == {"term"} and having("loses_disk") == {"lose_disk"}
+    assert having("damages") == {"corrupt"} and having("heals") == {"heal"}
+    assert having("healable") == {"partition", "toxic"} and having("uploader") == {"kill"}
+    # an uploader killed alone does not end the launch
+    assert not Fault(kind="kill", when=Trigger(point="upload.write"), target="uploader").ends_launch
+    assert Fault(kind="kill", when=Trigger(point="upload.write"), target="rank:0").ends_launch
+
+
+def test_a_kinds_own_validation_names_the_file_the_fault_key_and_the_fix():
+    data = {"world_size": 2, "trainer": {"max_steps": 8, "ckpt_every_steps": 2},
+            "faults": [{"kind": "kill", "when": {"point": "step.end"}},
+                       {"kind": "term", "grace_s": 0, "when": {"point": "step.end"}}]}
+    with pytest.raises(ScenarioError, match=r"^x.toml: faults\[1\].grace_s: 0; use a positive grace period$"):
+        from_dict(data, "x.toml", "x")
+    data["faults"][1] = {"kind": "raise", "error": "segfault", "when": {"point": "step.end"}}
+    with pytest.raises(ScenarioError, match=r"faults\[1\].error: unknown error 'segfault'; allowed: oom, io, runtime"):
+        from_dict(data, "x.toml", "x")
+    data["faults"][1] = {"kind": "errno", "call": "fsync", "when": {"point": "step.end"}, "color": "red"}
+    with pytest.raises(ScenarioError, match=r"faults\[1\].color: does not apply to kind 'errno'; errno takes call"):
+        from_dict(data, "x.toml", "x")
+    data["faults"][1] = {"kind": "errno", "count": "all", "when": {"point": "step.end"}}
+    with pytest.raises(ScenarioError, match=r"faults\[1\].count: wrong type str"):
+        from_dict(data, "x.toml", "x")
+    data["faults"][1] = {"kind": "stop", "target": "uploader", "when": {"point": "step.end"}}
+    data["remote"] = {}
+    with pytest.raises(ScenarioError, match=r"faults\[1\].target: stop does not act on the uploader; use kind = \"kill\""):
+        from_dict(data, "x.toml", "x")
+
+
+def test_requirements_ask_every_family():
+    from ckpt_chaos.faults import requirements
+
+    local = next(s for s in CATALOGUE if s.name == "kill-rank1-mid-shard-write")
+    assert requirements(local) is None  # signals to our own children always work
+
+
+@pytest.mark.slow
+def test_a_kind_added_in_its_family_module_runs_end_to_end(tmp_path):
+    """``interrupt`` was added to faults/process.py alone (with its scenario and this test): the loader,
+    the runner's dispatch, the checks and the report take it from the registry."""
+    from ckpt_chaos.check.history import read_history
+    from ckpt_chaos.run.runner import run_scenario
+
+    s = next(s for s in catalogue(REPO_ROOT / "ckpt_chaos" / "scenarios") if s.name == "interrupt-rank0-mid-step")
+    assert s.kinds == ["interrupt"] and "interrupt" in s.labels and "default" not in s.suites
+    r = run_scenario(s, tmp_path / "runs", tmp_path / "golden")
+    assert r.verdict == "pass", r.reason
+    checks = {c["name"]: c for c in r.checks}
+    assert checks["fault_0_job_failed"]["verdict"] == "pass"  # SIGINT ends the launch, as its kind says
+    assert r.resumed_from == ["step_00000004"] and r.launches == 2
+    fired = [h for h in read_history(r.run_dir) if h["source"] == "harness" and h["kind"] == "fault"]
+    assert [h["fault"] for h in fired] == ["interrupt"] and fired[0]["ranks"] == [0]
