@@ -9,10 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.config import golden_dir, out_dir
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
-REPORTS_DIR = REPO_ROOT / "reports"
 
 
 def _select(args: argparse.Namespace):
@@ -51,6 +50,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ckpt_chaos.report import results
@@ -73,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 r = run_scenario(s, out, Path(args.golden_dir))
             rows.append(r.to_dict())
             console.print(f"[{i}/{len(chosen)}] [{colour[r.verdict]}]{r.verdict:<7}[/] {s.name}  "
-                          f"({r.wall_s:.0f}s){'  ' + r.reason if r.reason else ''}")
+                          f"({r.wall_s:.0f}s){'  ' + escape(r.reason) if r.reason else ''}")
     except KeyboardInterrupt:
         console.print("[red]interrupted: every process of the running scenario was killed[/]")
         results.write(out, suite, rows, time.monotonic() - started)
@@ -91,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"report: {html}")
     skipped = [r for r in rows if r["verdict"] == "skipped"]
     for r in skipped:
-        console.print(f"[yellow]SKIPPED[/] {r['scenario']}: {r['reason']}")
+        console.print(f"[yellow]SKIPPED[/] {r['scenario']}: {escape(r['reason'])}")
     # Last, so that a CI log cut to its tail still names what failed and why.
     for r in rows:
         if r["verdict"] == "fail":
@@ -284,6 +284,7 @@ def parser() -> argparse.ArgumentParser:
         prog="ckpt-chaos",
         description="Fault-injection and resilience tests for distributed-training checkpoint/resume.")
     sub = p.add_subparsers(dest="command", required=True)
+    reports = out_dir() / "reports"
 
     def selection(c: argparse.ArgumentParser) -> None:
         c.add_argument("scenario", nargs="*", help="scenario names or files (default: the suite)")
@@ -297,8 +298,8 @@ def parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("run", help="run scenarios; exit status 1 when any fails")
     selection(c)
-    c.add_argument("--reports", default=str(REPORTS_DIR), help="where results are written")
-    c.add_argument("--golden-dir", default=str(REPO_ROOT / "runs" / "golden"), help="cache of fault-free runs")
+    c.add_argument("--reports", default=str(reports), help="where results are written")
+    c.add_argument("--golden-dir", default=str(golden_dir()), help="cache of fault-free runs")
     c.add_argument("--strict", action="store_true",
                    help="a scenario skipped for want of root, FUSE, libfiu... fails the run (CI)")
     c.set_defaults(func=cmd_run)
@@ -333,7 +334,7 @@ def parser() -> argparse.ArgumentParser:
                    help="failure-time shape for the simulation: 1 exponential, < 1 infant mortality")
     c.add_argument("--horizon-h", type=float, help="useful work per simulated job, hours (default: 50 MTBFs)")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--out", default=str(REPORTS_DIR / "cadence"), help="where the plot and figures go")
+    c.add_argument("--out", default=str(reports / "cadence"), help="where the plot and figures go")
     c.set_defaults(func=cmd_cadence)
 
     c = sub.add_parser("explore", help="search random fault schedules for failures, shrink each to a scenario file")
@@ -346,13 +347,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--trainer", default="reference_trainer", help="python module of the trainer (-m under torchrun)")
     c.add_argument("--seed", type=int, default=None, help="fixes the schedules generated (CI)")
     c.add_argument("--max-faults", type=int, default=4, help="steps per schedule (faults and training progress)")
-    c.add_argument("--out", default=str(REPORTS_DIR / "explore"), help="where runs and summary.json go")
+    c.add_argument("--out", default=str(reports / "explore"), help="where runs and summary.json go")
     c.add_argument("--regressions", default=None,
-                   help="where failures are written (default: scenarios/regressions for the reference trainer, "
-                        "OUT/found for any other)")
-    c.add_argument("--golden-dir", default=str(REPO_ROOT / "runs" / "golden"), help="cache of fault-free runs")
+                   help="where failures are written (default: found/ in the search's output folder)")
+    c.add_argument("--golden-dir", default=str(golden_dir()), help="cache of fault-free runs")
     c.add_argument("--no-database", action="store_true", help="do not replay or keep failing examples "
-                   "(.hypothesis/explore)")
+                   "(explore/ in the cache)")
     c.set_defaults(func=cmd_explore)
     return p
 

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.config import golden_dir, out_dir
 from ckpt_chaos.scenario import FAMILIES, FAULT_KINDS, Scenario, load
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("ckpt-chaos")
-    g.addoption("--chaos-out", default=str(REPO_ROOT / "runs" / "pytest"),
+    g.addoption("--chaos-out", default=str(out_dir() / "runs" / "pytest"),
                 help="where scenario runs are written (one directory per xdist worker)")
-    g.addoption("--chaos-golden", default=str(REPO_ROOT / "runs" / "golden"), help="cache of fault-free runs")
+    g.addoption("--chaos-golden", default=str(golden_dir()), help="cache of fault-free runs")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -12,11 +12,11 @@ import json
 import psutil
 import pytest
 
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import ScenarioError, from_dict, load
 
-SCENARIOS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "remote"
+SCENARIOS = builtin_scenarios() / "remote"
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from ckpt_chaos.env import cluster as cluster_module
+from ckpt_chaos.env import cluster as cluster_module, objectstore
 from ckpt_chaos.env.cluster import FW_TABLE, STORE_PORT, Cluster
 from ckpt_chaos.env.launcher import Job
 from ckpt_chaos.scenario import Fault, Scenario, target_ranks
@@ -48,6 +48,8 @@ def requirements(s: Scenario) -> str | None:
     if why:
         kinds = sorted({f.kind for f in s.faults if f.family == "storage"}) or ["the storage stack"]
         return f"{', '.join(kinds)} on fs={spec.fs}{' + faultfs' if spec.faultfs else ''}: {why}"
+    if s.remote is not None and (why := objectstore.missing()):
+        return f"the remote tier: {why}"
     return None
 
 
