@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from harness import cluster
+from ckpt_chaos.env import cluster
 from ckpt_chaos.env.cluster import Cluster, leftovers, remove_leftovers
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.faults.nemesis import partition_rules
