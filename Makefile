@@ -32,11 +32,12 @@ $(SYSTEM_STAMP): Makefile
 	  touch $@; \
 	fi
 
-# Re-installs only when pyproject.toml changes. torch==2.13.0 resolves to the CPU wheel that
-# lies on this machine's disk; the exact pin keeps pip from reaching for a CUDA build.
-$(STAMP): pyproject.toml
+# Re-installs when pyproject.toml (the ranges) or constraints.txt (the exact versions CI runs)
+# changes. The constraints pin torch to the CPU wheel that lies on this machine's disk, which
+# keeps pip from reaching for a CUDA build.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[test]' 2>&1 | { grep -v "is ignored" || true; }
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[all,test,bench]' 2>&1 | { grep -v "is ignored" || true; }
 	$(PY) -c "import torch, torchdata; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
@@ -49,8 +50,10 @@ chaos: setup
 	@if command -v chromium >/dev/null; then $(VENV)/bin/ckpt-chaos report reports/default/latest --no-plots --browser; \
 	else echo "WARNING: no chromium here: the report was not checked in a browser (make setup installs it as root)" >&2; fi
 # Fault-schedule search against the reference trainer: a small fixed budget and seed (CI); a finding
-# fails the target and lands in scenarios/regressions. Nightly: ckpt-chaos explore --budget 2h.
-	$(VENV)/bin/ckpt-chaos explore --budget 150s --shrink-budget 120s --seed 0 --no-database
+# fails the target and is kept in the catalogue's regressions folder, where it joins the default
+# suite. Nightly: ckpt-chaos explore --budget 2h.
+	$(VENV)/bin/ckpt-chaos explore --budget 150s --shrink-budget 120s --seed 0 --no-database \
+	  --regressions ckpt_chaos/scenarios/regressions
 
 # Benchmarks: apart from the tests, several rounds, medians and ratios; figures kept in benchmarks/results.
 bench: setup
@@ -64,4 +67,4 @@ bench: setup
 	$(PY) benchmarks/report.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache build *.egg-info

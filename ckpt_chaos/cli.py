@@ -150,6 +150,7 @@ COLOUR = {"pass": "green", "fail": "red", "skipped": "yellow", "xfail": "cyan", 
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
+    from rich.markup import escape
 
     from ckpt_chaos.report import results
     from ckpt_chaos.run.runner import run_scenario
@@ -191,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             rows.append(row)
             v = row["verdict"]
             console.print(f"[{i}/{len(chosen)}] [{COLOUR.get(v, 'magenta')}]{v:<7}[/] {s.name}  "
-                          f"({row['wall_s']:.0f}s){'  ' + row['reason'] if row['reason'] else ''}",
+                          f"({row['wall_s']:.0f}s){'  ' + escape(row['reason']) if row['reason'] else ''}",
                           markup=True, highlight=False)
     except KeyboardInterrupt:
         console.print("[red]interrupted: every process of the running scenario was killed[/]")
@@ -211,10 +212,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(t)
     console.print(f"report: {out / 'index.html'}" + (f"  junit: {args.junitxml}" if args.junitxml else ""))
     for r in skipped:
-        console.print(f"[yellow]SKIPPED[/] {r['scenario']}: {r['reason']}", highlight=False)
+        console.print(f"[yellow]SKIPPED[/] {r['scenario']}: {escape(r['reason'])}", highlight=False)
     for r in rows:
         if r["verdict"] == "xfail":
-            console.print(f"[cyan]XFAIL[/] {r['scenario']}: {r['reason'][:300]}", highlight=False)
+            console.print(f"[cyan]XFAIL[/] {r['scenario']}: {escape(r['reason'][:300])}", highlight=False)
     # Last, so that a CI log cut to its tail still names what failed and why.
     for r in failing:
         console.print(f"[red]{'XPASS' if r['verdict'] == 'xpass' else 'FAILED'}[/] {r['scenario']} ({r['run_dir']})")
@@ -505,8 +506,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--out", metavar="DIR", help="output directory: runs and summary.json go in "
                                                 "DIR/reports/explore/<time> (default: as for run)")
     c.add_argument("--regressions", default=None,
-                   help="where failures are written (default: scenarios/regressions for the reference trainer, "
-                        "OUT/found for any other)")
+                   help="where failures are written (default: found/ in the search's output folder)")
     c.add_argument("--golden-dir", metavar="DIR", help="cache of fault-free runs (default: as for run)")
     c.add_argument("--no-database", action="store_true", help="do not replay or keep failing examples")
     return p

@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 from ckpt_chaos.check.history import final_state, trainer_events, trajectory
-from ckpt_chaos.env.launcher import REPO_ROOT, run_to_end
+from ckpt_chaos.env.launcher import run_to_end
 from ckpt_chaos.run.runner import trainer_args as as_flags
 
 # Small enough for a 2-core machine, big enough to cross epochs (96 samples = 6 steps per epoch)
 # and to accumulate gradients (2 micro-batches per step).
 BASE = {"max_steps": 12, "ckpt_every_steps": 4, "dataset_size": 96, "global_batch": 16, "grad_accum": 2}
+# The checkout the tests run from: the CLI and pytest run there, as a developer would run them.
+REPO = Path(__file__).resolve().parents[1]
 EXACT_KEYS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_seen", "state_digest")
 
 
@@ -49,5 +51,5 @@ def start_cli(tmp_path: Path, scenario: str, reports: Path | None = None) -> sub
     """``ckpt-chaos run SCENARIO`` as a child process (to interrupt or SIGKILL it), output piped."""
     return subprocess.Popen([sys.executable, "-m", "ckpt_chaos.cli", "run", scenario, "--reports",
                              str(reports or tmp_path / "r"), "--golden-dir", str(tmp_path / "golden")],
-                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_ctrl_c_as_in_a_terminal)

@@ -15,15 +15,15 @@ import time
 
 import pytest
 
-from harness import cluster
+from ckpt_chaos.env import cluster
 from ckpt_chaos.env.cluster import Cluster, leftovers, remove_leftovers
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.faults.cluster import partition_rules
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
 from tests.helpers import start_cli
 
-SCENARIOS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "cluster"
+SCENARIOS = builtin_scenarios() / "cluster"
 NO_NETNS = cluster.missing("netns")
 needs_netns = pytest.mark.skipif(NO_NETNS is not None, reason=f"no network namespaces here: {NO_NETNS}")
 

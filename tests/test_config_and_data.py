@@ -10,14 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckpt_chaos.env.launcher import REPO_ROOT, run_to_end
+from ckpt_chaos.env.launcher import run_to_end
+from tests.helpers import REPO
 from reference_trainer.checkpoint import checkpoint_name, parse_name, validate, write_durably
 from reference_trainer.config import ConfigError, TrainConfig, load_config, resume_mismatches
 from reference_trainer.data import GlobalBatchSampler
 
 
 def run_trainer_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "reference_trainer", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "reference_trainer", *args], cwd=REPO, capture_output=True,
                           text=True, env=env, timeout=120)
 
 

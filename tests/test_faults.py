@@ -10,11 +10,11 @@ import tomllib
 import pytest
 
 from ckpt_chaos import faults
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.faults import KINDS, FaultKind, Nemesis, families, lookup, nemesis_classes
 from ckpt_chaos.scenario import FAMILIES, FAULT_KINDS, Fault, ScenarioError, Trigger, catalogue, from_dict
 
-CATALOGUE = catalogue(REPO_ROOT / "ckpt_chaos" / "scenarios")
+CATALOGUE = catalogue(builtin_scenarios())
 
 
 @pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
@@ -146,7 +146,7 @@ def test_a_kind_added_in_its_family_module_runs_end_to_end(tmp_path):
     from ckpt_chaos.check.history import read_history
     from ckpt_chaos.run.runner import run_scenario
 
-    s = next(s for s in catalogue(REPO_ROOT / "ckpt_chaos" / "scenarios") if s.name == "interrupt-rank0-mid-step")
+    s = next(s for s in catalogue(builtin_scenarios()) if s.name == "interrupt-rank0-mid-step")
     assert s.kinds == ["interrupt"] and "interrupt" in s.labels and "default" not in s.suites
     r = run_scenario(s, tmp_path / "runs", tmp_path / "golden")
     assert r.verdict == "pass", r.reason

@@ -8,13 +8,13 @@ import dataclasses
 import pytest
 
 from ckpt_chaos.check.history import read_history
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
 
 pytestmark = pytest.mark.slow
 
-SCENARIOS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "process"
+SCENARIOS = builtin_scenarios() / "process"
 
 
 @pytest.fixture(scope="session")

@@ -12,11 +12,11 @@ import json
 import psutil
 import pytest
 
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import ScenarioError, from_dict, load
 
-SCENARIOS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "remote"
+SCENARIOS = builtin_scenarios() / "remote"
 
 
 @pytest.fixture(scope="session")
@@ -96,3 +96,26 @@ def test_bad_remote_input_names_the_file_key_and_fix(data, key, words):
         from_dict(data, "scenarios/remote/x.toml", "x")
     assert f"scenarios/remote/x.toml: {key}:" in str(e.value)
     assert words in str(e.value)
+
+
+def test_the_remote_tier_lists_and_removes_what_a_dead_harness_left(tmp_path):
+    import os
+    import subprocess
+
+    from ckpt_chaos.env import objectstore
+
+    with objectstore.RemoteTier(tmp_path, "leftovers", proxy=False) as tier:
+        mine = objectstore.leftovers(owner=os.getpid())
+        assert mine == [f"process {tier.s3.proc.pid}"], mine
+        assert not set(mine) & set(objectstore.leftovers()), "a live harness's server is not a leftover"
+    assert objectstore.leftovers(owner=os.getpid()) == []
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a harness pid that no longer runs
+    orphan = subprocess.Popen(["sleep", "60"], env={**os.environ, objectstore.OWNER_ENV: str(dead.pid)})
+    try:
+        assert f"process {orphan.pid}" in objectstore.leftovers()
+        assert f"process {orphan.pid}" in objectstore.remove_leftovers()
+        assert orphan.wait(10) == -9
+    finally:
+        orphan.kill()
+        orphan.wait()

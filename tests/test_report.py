@@ -18,19 +18,20 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from ckpt_chaos import __version__
+from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.report import results
-from ckpt_chaos.env.launcher import REPO_ROOT
 from ckpt_chaos.run.runner import Result, run_scenario
 from ckpt_chaos.scenario import load
+from tests.helpers import REPO
 
-ARTEFACTS = REPO_ROOT / "reports" / "artefacts"
+ARTEFACTS = REPO / "reports" / "artefacts"
 
 
 @pytest.fixture(scope="module")
 def suite_run(tmp_path_factory):
     """A suite run directory holding one real chaos run (rank 1 killed mid-write) and one skipped row."""
     out = tmp_path_factory.mktemp("suite")
-    s = load(REPO_ROOT / "ckpt_chaos" / "scenarios" / "process" / "kill-rank1-mid-shard-write.toml")
+    s = load(builtin_scenarios() / "process" / "kill-rank1-mid-shard-write.toml")
     ran = run_scenario(s, out, tmp_path_factory.mktemp("golden"))
     skipped = Result(scenario="needs-what-is-missing", verdict="skipped", families=["storage"], kinds=["disk_full"],
                      reason="cannot inject disk_full on fs=tmpfs: not root")
@@ -103,11 +104,11 @@ def test_report_rebuilds_from_stored_results(suite_run):
     out, html, _ = suite_run
     html.unlink()
     p = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "report", str(out), "--no-plots"],
-                       capture_output=True, text=True, cwd=REPO_ROOT)
+                       capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stderr
     assert html.is_file() and "kill-rank1-mid-shard-write" in html.read_text()
     bad = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "report", str(out / "nowhere")],
-                         capture_output=True, text=True, cwd=REPO_ROOT)
+                         capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "holds no results.json" in bad.stderr
 
 
@@ -132,21 +133,21 @@ def test_a_plot_that_does_not_load_is_reported_by_the_browser_check(suite_run, t
     shutil.copytree(out, broken, symlinks=True)
     (broken / "kill-rank1-mid-shard-write" / "loss.svg").write_text("not an svg")
     p = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "report", str(broken), "--no-plots", "--browser"],
-                       capture_output=True, text=True, cwd=REPO_ROOT)
+                       capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 1 and "1 of 2 plots did not load" in p.stderr, p.stdout + p.stderr
 
 def test_the_benchmark_report_shows_the_soak_against_the_model(tmp_path):
     """benchmarks/report.py over the committed figures: the soak's measured goodput beside the
     model's, the cadence advice for the measured costs, every plot inline (no training is run)."""
-    if not (REPO_ROOT / "benchmarks" / "results" / "soak_goodput.json").exists():
+    if not (REPO / "benchmarks" / "results" / "soak_goodput.json").exists():
         pytest.fail("benchmarks/results/soak_goodput.json is missing: run `make bench` and commit its figures")
     p = subprocess.run([sys.executable, "benchmarks/report.py", "--out", str(tmp_path)], capture_output=True,
-                       text=True, cwd=REPO_ROOT)
+                       text=True, cwd=REPO)
     assert p.returncode == 0, p.stderr
     text = (tmp_path / "index.html").read_text()
     for heading in ("Goodput under failures: measured against the model", "Cadence for these costs",
                     "Why measured and predicted differ", "Monte Carlo 5-95 %"):
         assert heading in text
-    if (REPO_ROOT / "benchmarks" / "results" / "explore_planted.json").exists():
+    if (REPO / "benchmarks" / "results" / "explore_planted.json").exists():
         assert "Fault-schedule search against planted bugs" in text and "tests.planted.rng_not_saved" in text
     assert text.count("<svg") >= 2 and "src=" not in text  # plots inline: the page is one file

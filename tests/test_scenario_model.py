@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from ckpt_chaos.run.triggers import Generator
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.scenario import Fault, Scenario, ScenarioError, Trigger, catalogue, load, target_ranks
+from tests.helpers import REPO
 
 GOOD = """
 description = "ok"
@@ -171,7 +172,7 @@ def test_broken_toml_is_reported_with_the_file(tmp_path):
 
 
 def test_the_catalogue_is_valid_and_has_at_least_12_process_and_8_cluster_scenarios():
-    scenarios = catalogue(REPO_ROOT / "ckpt_chaos" / "scenarios")
+    scenarios = catalogue(builtin_scenarios())
     assert len([s for s in scenarios if "process" in s.families]) >= 12
     cluster = [s for s in scenarios if s.cluster.multi_node and "default" in s.suites]
     assert len(cluster) >= 8
@@ -214,7 +215,7 @@ def test_generator_arms_a_fault_only_in_its_launch():
 def test_cli_refuses_an_invalid_scenario_file_before_running_anything(tmp_path):
     bad = write(tmp_path, GOOD.replace("max_steps = 12", "max_steps = 'many'"))
     out = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "run", str(bad), "--reports", str(tmp_path / "r")],
-                         cwd=REPO_ROOT, capture_output=True, text=True)
+                         cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2
     assert str(bad) in out.stderr and "trainer" in out.stderr
     assert not (tmp_path / "r").exists(), "nothing may be written for an invalid scenario"

@@ -8,7 +8,8 @@ directory that holds the checkpoints.
 * ``docker``: one container per node and launch on an ``internal`` Docker network (no route out).
   There is no image registry here, so the image is built locally: ``docker import`` of a
   skeleton tarball (empty directories and the usual ``/lib -> usr/lib`` links), and the host's
-  ``/usr``, Python installation and the project (with its venv) bind-mounted read-only. A
+  ``/usr``, Python installation, virtual environment, the folders the harness imports from and
+  the project directory (the current one) bind-mounted read-only (``code_mounts``). A
   node's local disk is a Docker volume, kept across launches until the node is replaced.
 * ``netns``: for machines where no engine runs. Each node is a network namespace with a veth
   pair to a bridge in a "switch" namespace of its own; nothing touches the host's interfaces,
@@ -37,7 +38,9 @@ from pathlib import Path
 import psutil
 from filelock import FileLock
 
-from ckpt_chaos.env.launcher import JOB_MARKER, REPO_ROOT, _term_when_parent_dies, job_processes
+from ckpt_chaos.config import cache_dir
+from ckpt_chaos.env.launcher import JOB_MARKER, _term_when_parent_dies, job_processes, worker_pythonpath
+from ckpt_chaos.extras import missing_extra
 from ckpt_chaos.probe import ENV_CONTROLLER
 
 STORE_PORT = 29400  # the c10d rendezvous store on node 0 (also the workers' store)
@@ -57,15 +60,15 @@ def _docker_client():
     return docker.from_env(timeout=60)
 
 
-def ensure_engine(log_dir: Path = REPO_ROOT / "runs") -> str | None:
+def ensure_engine(log_dir: Path | None = None) -> str | None:
     """Make sure a Docker engine answers, starting ``dockerd`` if none runs; None, or why not.
 
     ``make setup`` installs docker.io; the engine is started here, on first use, so that CI (whose
-    machine starts with no daemon) needs nothing else."""
-    try:
-        import docker  # noqa: F401
-    except ImportError:
-        return "the docker Python SDK is not installed (make setup)"
+    machine starts with no daemon) needs nothing else. Its log goes to ``log_dir`` (the cache)."""
+    why = missing_extra("cluster")
+    if why:
+        return why
+    log_dir = log_dir or cache_dir()
     with FileLock(str(LOCK)):
         try:
             _docker_client().ping()
@@ -97,6 +100,8 @@ def missing(backend: str) -> str | None:
     """Why this machine cannot run the backend (None: it can)."""
     if backend == "local":
         return None
+    if backend == "docker" and (why := missing_extra("cluster")):
+        return why
     if os.geteuid() != 0:
         return f"the {backend} backend needs root (network namespaces, nftables)"
     for tool in ("nft", "nsenter", "ip"):
@@ -105,6 +110,22 @@ def missing(backend: str) -> str | None:
     if backend == "docker":
         return ensure_engine()
     return None
+
+
+def code_mounts(pythonpath: str) -> list[Path]:
+    """What a node container must see read-only to run the job as the host would: ``/usr``, the
+    Python installation and virtual environment, every folder the harness imports from (site-packages,
+    source trees, ``.pth`` additions), the workers' PYTHONPATH and the project directory (the current
+    one, where the workers run). Folders inside another are left out: the outer mount shows them."""
+    wanted = ["/usr", sys.base_prefix, sys.prefix, os.getcwd(), *sys.path, *pythonpath.split(os.pathsep)]
+    found: list[Path] = []
+    for entry in wanted:
+        if not entry or not os.path.isdir(entry):
+            continue
+        path = Path(entry).resolve()
+        if path != Path("/") and path not in found:
+            found.append(path)
+    return sorted(p for p in found if not any(p != q and p.is_relative_to(q) for q in found))
 
 
 def _skeleton() -> bytes:
@@ -380,9 +401,10 @@ class Cluster:
         self.launch_no = launch_no
         self.paused.clear()
         agents = []
+        pythonpath = worker_pythonpath(module)
         for node in range(nodes):
             node_env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", JOB_MARKER: marker, NODE_ENV: str(node),
-                        "PYTHONPATH": str(REPO_ROOT), "GLOO_SOCKET_IFNAME": "eth0", "HOME": "/root", **env}
+                        "PYTHONPATH": pythonpath, "GLOO_SOCKET_IFNAME": "eth0", "HOME": "/root", **env}
             if controller:
                 node_env[ENV_CONTROLLER] = controller
             endpoint = "node0" if self.backend == "docker" else self.address(0)
@@ -412,17 +434,15 @@ class Cluster:
             (disk / "tmp").mkdir(parents=True, exist_ok=True)
             log = open(self.logs / f"launch{launch_no}-node{node}.log", "ab")
             popen = subprocess.Popen(["ip", "netns", "exec", self._ns(node), *cmd], stdout=log,
-                                     stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_term_when_parent_dies,
                                      env={**os.environ, **env, "TMPDIR": str(disk / "tmp")})
             log.close()
             return Agent(node, popen.pid, popen=popen)
         import docker
 
-        mounts = {"/usr": "ro", str(Path(sys.base_prefix).resolve()): "ro", str(REPO_ROOT): "ro",
-                  str(self.run_dir.resolve()): "rw"}
-        if not Path(sys.prefix).resolve().is_relative_to(REPO_ROOT):
-            mounts[str(Path(sys.prefix).resolve())] = "ro"
+        mounts = {str(p): "ro" for p in code_mounts(env.get("PYTHONPATH", ""))}
+        mounts[str(self.run_dir.resolve())] = "rw"
         if controller:
             mounts[str(Path(controller).parent)] = "rw"
         volumes = {path: {"bind": path, "mode": mode} for path, mode in mounts.items()}
@@ -434,7 +454,7 @@ class Cluster:
         volumes[disk] = {"bind": "/local", "mode": "rw"}
         container = self.client.containers.create(
             self.image, cmd, name=f"{self.name}-l{launch_no}-n{node}", hostname=f"node{node}",
-            environment={**env, "TMPDIR": "/local"}, working_dir=str(REPO_ROOT), volumes=volumes,
+            environment={**env, "TMPDIR": "/local"}, working_dir=os.getcwd(), volumes=volumes,
             labels={LABEL: str(os.getpid())}, network=self.name, detach=True)
         # the alias is what the other nodes resolve: node0 stays "node0" across launches and replacements
         self.network.disconnect(container)

@@ -3,25 +3,82 @@
 torchrun starts each worker in a session of its own, and a worker whose torchrun died keeps
 running. So every process of a job carries an environment marker (``CKPT_CHAOS_JOB``) and
 ``Job.kill`` sends SIGKILL to every process that has it, whoever its parent is now.
+
+Workers run in the harness's current directory (the project under test), with that directory
+first on their ``PYTHONPATH``, so that a project's own trainer module is found, then wherever
+ckpt-chaos and the trainer are installed (``worker_pythonpath``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
+import site
 import subprocess
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from importlib.machinery import PathFinder
 from pathlib import Path
 
 import psutil
 
 from ckpt_chaos.probe import ENV_CONTROLLER
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB_MARKER = "CKPT_CHAOS_JOB"
+
+
+# ---- where the workers' code comes from ------------------------------------------------------------
+
+def _inherited_pythonpath() -> list[str]:
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def _top_spec(name: str):
+    """The spec of top-level module ``name`` as a worker finds it: the current directory and
+    $PYTHONPATH first, then the harness's own import system (site-packages, editable installs)."""
+    return PathFinder.find_spec(name, [os.getcwd(), *_inherited_pythonpath()]) or importlib.util.find_spec(name)
+
+
+def module_path(module: str) -> Path | None:
+    """The file (a module) or folder (a package) that ``python -m MODULE`` runs in a worker, found
+    without importing it or its parents (a trainer's package may import torch)."""
+    top, *rest = module.split(".")
+    spec = _top_spec(top)
+    name = top
+    for part in rest:
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        name = f"{name}.{part}"
+        spec = PathFinder.find_spec(name, list(spec.submodule_search_locations))
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).resolve()
+    return Path(spec.origin).resolve() if spec.origin and os.path.isfile(spec.origin) else None
+
+
+def import_root(module: str) -> Path | None:
+    """The folder on the import path that holds top-level module ``module`` (site-packages for an
+    installed one, the checkout for a source tree)."""
+    where = module_path(module.split(".")[0])
+    return where.parent if where is not None else None
+
+
+def worker_pythonpath(module: str = "reference_trainer") -> str:
+    """PYTHONPATH for the processes of a job: the current directory (the project under test), then
+    the folders ckpt-chaos and the trainer were imported from when a plain interpreter would not
+    look there (a source tree, an editable install), then the inherited PYTHONPATH."""
+    default = {Path(p).resolve() for p in site.getsitepackages()}
+    entries = [os.getcwd()]
+    for name in ("ckpt_chaos", module):
+        root = import_root(name)
+        if root is not None and root not in default:
+            entries.append(str(root))
+    entries += _inherited_pythonpath()
+    return os.pathsep.join(dict.fromkeys(entries))
 
 
 def _carries(proc: psutil.Process, marker: str) -> bool:
@@ -111,7 +168,7 @@ def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = 
     run_dir.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", JOB_MARKER: marker,
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+                "PYTHONPATH": worker_pythonpath(module)}
     full_env.pop(ENV_CONTROLLER, None)
     if controller:
         full_env[ENV_CONTROLLER] = controller
@@ -124,7 +181,7 @@ def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = 
     log = open(run_dir / log_name, "ab")
     log.write(f"$ {' '.join(cmd)}\n".encode())
     log.flush()
-    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT,
+    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                              start_new_session=True, preexec_fn=_term_when_parent_dies)
     log.close()
     return Job(popen, marker, run_dir / log_name)

@@ -13,6 +13,10 @@ endpoint instead of starting a server; each run then writes under its own prefix
 ``snapshot`` is the checker's evidence: every checkpoint under the run's prefix, whether it is
 durable (its ``manifest.json`` exists) and, for a durable one, whether every object the manifest
 lists is there with the right size and SHA-256, downloaded and hashed by the harness itself.
+
+Every process started here (the S3 server, the rendezvous store) carries the harness's pid in
+``CKPT_CHAOS_OBJECTSTORE_OWNER`` and every proxy route its pid in its name, so ``remove_leftovers``
+can clear what a harness that died without cleaning up left behind (children normally die with it).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -28,14 +34,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psutil
+
 from ckpt_chaos.env.launcher import _term_when_parent_dies
-from toxiproxy_server import connect, free_port
+from ckpt_chaos.extras import missing_extra
+from toxiproxy_server import ENV_URL, connect, free_port
 
 ENV_ENDPOINT = "CKPT_CHAOS_S3_ENDPOINT"
+OWNER_ENV = "CKPT_CHAOS_OBJECTSTORE_OWNER"  # in the environment of each process started here
 BUCKET = "ckpt-chaos"
 # moto accepts any credentials; a real endpoint uses whatever the environment provides.
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "ckpt-chaos", "AWS_SECRET_ACCESS_KEY": "ckpt-chaos",
                "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def missing() -> str | None:
+    """Why this machine cannot give a run its remote tier (None: it can)."""
+    return missing_extra("remote")
+
+
+def _owned_env() -> dict[str, str]:
+    return {**os.environ, OWNER_ENV: str(os.getpid())}
 
 
 def _wait_for_port(host: str, port: int, proc: subprocess.Popen | None, what: str, log: Path,
@@ -91,7 +110,8 @@ class S3Server:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_background)
+                                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_background,
+                                             env=_owned_env())
         _wait_for_port(*self.address, self.proc, "the S3 server (moto)", self.log_path)
         client = _client(self.endpoint)
         try:
@@ -202,7 +222,8 @@ class RemoteTier:
         log = self.run_dir / "store.log"
         with open(log, "ab") as out:
             self.store_proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=out,
-                                               stderr=subprocess.STDOUT, preexec_fn=_term_when_parent_dies)
+                                               stderr=subprocess.STDOUT, preexec_fn=_term_when_parent_dies,
+                                               env=_owned_env())
         _wait_for_port("127.0.0.1", port, self.store_proc, "the rendezvous store", log)
         proxy = self._api().create(upstream=f"127.0.0.1:{port}", name=self.proxy_name + "-store",
                                    listen="127.0.0.1:0")
@@ -250,3 +271,60 @@ class RemoteTier:
             self.store_proc.kill()
             self.store_proc.wait()
         self.s3.close()
+
+
+# ---- leftovers of harnesses that died without cleaning up ----------------------------------------
+
+_PROXY = re.compile(r"s3-(\d+)-")
+
+
+def _processes() -> dict[int, int]:
+    """pid of each S3 server or store process of ours -> pid of the harness that started it."""
+    found = {}
+    for p in psutil.process_iter():
+        try:
+            owner = p.environ().get(OWNER_ENV, "")
+        except (psutil.Error, OSError):
+            continue
+        if owner.isdigit() and p.pid != os.getpid():
+            found[p.pid] = int(owner)
+    return found
+
+
+def _shared_proxies() -> dict[str, int]:
+    """Route name -> owner pid on a shared proxy server ($TOXIPROXY_URL); ours die with the harness."""
+    if not os.environ.get(ENV_URL) or missing():
+        return {}
+    try:
+        names = connect().client().proxies()
+    except Exception:  # the shared server is down: nothing of ours to remove there
+        return {}
+    return {name: int(m.group(1)) for name in names if (m := _PROXY.match(name))}
+
+
+def leftovers(owner: int | None = None) -> list[str]:
+    """S3 server and store processes (``process PID``) and shared proxy routes (``proxy NAME``) that
+    harnesses no longer running left behind, or all of those of harness ``owner``."""
+    def wanted(o: int) -> bool:
+        return o == owner if owner is not None else not (o == os.getpid() or psutil.pid_exists(o))
+
+    return ([f"process {p}" for p, o in sorted(_processes().items()) if wanted(o)]
+            + [f"proxy {n}" for n, o in sorted(_shared_proxies().items()) if wanted(o)])
+
+
+def remove_leftovers() -> list[str]:
+    """Kill the processes and delete the proxy routes that dead harnesses left; returns what went."""
+    removed = []
+    for entry in leftovers():
+        kind, name = entry.split(" ", 1)
+        try:
+            if kind == "process":
+                os.kill(int(name), signal.SIGKILL)
+            else:
+                proxy = connect().client().get_proxy(name)
+                if proxy is not None:
+                    proxy.destroy()
+            removed.append(entry)
+        except Exception:  # gone meanwhile
+            pass
+    return removed

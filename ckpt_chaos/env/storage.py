@@ -37,7 +37,8 @@ from pathlib import Path
 
 import psutil
 
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.env.launcher import worker_pythonpath
+from ckpt_chaos.extras import missing_extra
 
 MARK = "ckpt-chaos"
 FIU_LIBS = ("/usr/lib/fiu/fiu_run_preload.so", "/usr/lib/fiu/fiu_posix_preload.so")
@@ -66,6 +67,8 @@ def _run(*cmd: str) -> None:
 def missing(fs: str = "host", faultfs: bool = False, libfiu: bool = False) -> str | None:
     """Why this machine cannot build the requested stack (None: it can). Used to skip loudly."""
     needs_mount = fs != "host" or faultfs
+    if faultfs and (why := missing_extra("storage")):  # what to install first, before how to run
+        return why
     if needs_mount and os.geteuid() != 0:
         return "mounting a file system needs root; run the harness as root (CI does)"
     if fs == "ext4" and not (shutil.which("mkfs.ext4") and shutil.which("losetup")):
@@ -181,7 +184,8 @@ class Storage:
             log = open(self.root / "faultfs.log", "ab")
             self._daemon = subprocess.Popen(
                 [sys.executable, "-m", "ckpt_chaos.env.faultfs", str(self.fs), str(self.ckpt), control, self.tag],
-                stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "PYTHONPATH": worker_pythonpath("ckpt_chaos")})
             log.close()
             self._mounted.append(self.ckpt)
             self.client = FaultFSClient(control)
@@ -339,10 +343,14 @@ def _faultfs_daemons() -> dict[int, int]:
     return found
 
 
-def leftovers(owner: int | None = None) -> dict[str, list]:
-    """Mounts and faultfs processes of ours on this machine, or only those of harness ``owner``."""
-    return {"mounts": sorted(m for m, o in _our_mounts().items() if owner in (None, o)),
-            "faultfs_processes": sorted(p for p, o in _faultfs_daemons().items() if owner in (None, o))}
+def leftovers(owner: int | None = None) -> list[str]:
+    """Mounts (``mount PATH``) and faultfs daemons (``faultfs process PID``) that harnesses no longer
+    running left on this machine, or all of those of harness ``owner``."""
+    def wanted(o: int) -> bool:
+        return o == owner if owner is not None else not _owner_alive(o)
+
+    return ([f"mount {m}" for m, o in sorted(_our_mounts().items()) if wanted(o)]
+            + [f"faultfs process {p}" for p, o in sorted(_faultfs_daemons().items()) if wanted(o)])
 
 
 def remove_leftovers() -> list[str]:
@@ -353,7 +361,7 @@ def remove_leftovers() -> list[str]:
             continue
         try:
             _unmount(Path(mountpoint))
-            removed.append(mountpoint)
+            removed.append(f"mount {mountpoint}")
         except StorageError:
             pass
     for pid, owner in _faultfs_daemons().items():

@@ -44,6 +44,13 @@ class RemoteNemesis(Nemesis):
         self.toxics: list[tuple[str, str]] = []  # (link, toxic name), until the launch ends
         self.kept: list[tuple[str, str]] = []  # ... until a heal fault or the end of the run
 
+    @staticmethod
+    def missing(s: Scenario) -> str | None:
+        from ckpt_chaos.env import objectstore
+
+        why = objectstore.missing() if s.remote is not None else None
+        return f"the remote tier: {why}" if why else None
+
     def toxic(self, fault: Fault, event: dict, record: dict) -> None:
         p, tier = fault.params, self.setting.remote
         name = f"{p.toxic}_{p.stream}_{len(self.toxics)}"

@@ -33,7 +33,8 @@ from ckpt_chaos.check import checks as checker
 from ckpt_chaos.run.controller import ProbeServer
 from ckpt_chaos.run.triggers import Generator, launch_of
 from ckpt_chaos.check.history import History, final_state, read_history, snapshot_checkpoints, trainer_events
-from ckpt_chaos.env.launcher import REPO_ROOT, Job, launch
+from ckpt_chaos.config import golden_dir
+from ckpt_chaos.env.launcher import Job, launch, module_path
 from ckpt_chaos.env import cluster as cluster_module
 from ckpt_chaos.env.cluster import Cluster
 from ckpt_chaos.faults import Launch, Nemeses, Setting, requirements
@@ -43,7 +44,6 @@ from ckpt_chaos.probe import ENV_ATTEMPT
 from ckpt_chaos.scenario import Scenario
 from ckpt_chaos.env.storage import Storage, remove_leftovers
 
-DEFAULT_GOLDEN_DIR = REPO_ROOT / "runs" / "golden"
 # torchrun's line when it begins to close a worker group (torch/distributed/elastic/multiprocessing/api.py).
 CLOSING = re.compile(r"Sending process (\d+) closing signal SIGTERM")
 
@@ -80,12 +80,11 @@ def trainer_args(cfg: dict) -> list[str]:
 # ---- golden runs ----------------------------------------------------------------------------
 
 def _code_hash(module: str) -> str:
-    """Hash of the trainer's code (and the harness probe it calls) so a code change invalidates goldens."""
+    """Hash of the trainer's code (its module or package, the reference trainer it may build on, and
+    the probe it calls), wherever the workers will import them from, so a code change invalidates
+    goldens."""
     h = hashlib.sha256()
-    roots = [REPO_ROOT / "reference_trainer", REPO_ROOT / "ckpt_chaos" / "probe"]
-    mod_path = REPO_ROOT / (module.replace(".", "/") + ".py")
-    if mod_path.is_file():
-        roots.append(mod_path)
+    roots = dict.fromkeys(filter(None, (module_path(m) for m in ("ckpt_chaos.probe", "reference_trainer", module))))
     for root in roots:
         for p in sorted([root] if root.is_file() else root.rglob("*.py")):
             h.update(p.name.encode())
@@ -101,13 +100,14 @@ def golden_key(module: str, cfg: dict, world_size: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def golden_run(module: str, cfg: dict, world_size: int, root: Path = DEFAULT_GOLDEN_DIR,
+def golden_run(module: str, cfg: dict, world_size: int, root: Path | None = None,
                timeout: float = 600) -> Path:
     """The fault-free run for this trainer, config and world size; computed once, then reused.
 
     Parallel workers asking for the same golden run wait on a file lock instead of computing it twice.
+    ``root``: the cache (default ``config.golden_dir()``).
     """
-    root = Path(root)
+    root = Path(root) if root else golden_dir()
     root.mkdir(parents=True, exist_ok=True)
     key = golden_key(module, cfg, world_size)
     final = root / key
@@ -375,7 +375,7 @@ def native_crash_before_any_fault(run_dir: Path) -> str | None:
     return next((f"{sig} in a rank" for sig in found if sig), "Fatal Python error" if found else None)
 
 
-def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN_DIR) -> Result:
+def run_scenario(s: Scenario, out_root: Path, golden_root: Path | None = None) -> Result:
     """Run one scenario end to end and return its row; never raises for a failed scenario.
 
     A run whose trainer crashed natively before any fault fired (about one launch in several hundred
@@ -399,7 +399,7 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path = DEFAULT_GOLDEN
     return again
 
 
-def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path) -> Result:
+def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) -> Result:
     started = time.monotonic()
     base = Result(scenario=s.name, verdict="skipped", families=s.families, kinds=s.kinds, tags=s.tags)
     why = requirements(s)

@@ -92,7 +92,7 @@ from hypothesis.control import current_build_context
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from ckpt_chaos.env.launcher import REPO_ROOT
+from ckpt_chaos.config import cache_dir, golden_dir, out_dir
 from ckpt_chaos.faults import KINDS as KINDS_BY_NAME
 from ckpt_chaos.scenario import Expect, Fault, Recovery, Remote, Scenario, ScenarioError, Storage, Trigger, load, validate
 
@@ -121,8 +121,6 @@ DEFAULT_FAMILIES = ("process", "storage")
 HYPOTHESIS_SHRINK_SHARE = 0.5
 # Examples per hypothesis round; the search runs rounds (seed, seed + 1, ...) until its budget is spent.
 EXAMPLES_PER_ROUND = 20
-DEFAULT_DB = REPO_ROOT / ".hypothesis" / "explore"
-REGRESSIONS = REPO_ROOT / "ckpt_chaos" / "scenarios" / "regressions"
 
 STEP_POINTS = ("step.begin", "microstep.end", "step.end")
 SAVE_POINTS = ("ckpt.stage", "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata", "ckpt.fsync",
@@ -697,31 +695,31 @@ class Search:
 
     def __init__(self, trainer_module: str = "reference_trainer", families=DEFAULT_FAMILIES,
                  budget_s: float = 600, shrink_s: float | None = None, seed: int | None = None,
-                 out: Path | str = REPO_ROOT / "reports" / "explore", regressions: Path | str | None = None,
+                 out: Path | str | None = None, regressions: Path | str | None = None,
                  golden_root: Path | str | None = None, runner: Runner | None = None,
                  database: Path | str | None | bool = True, max_faults: int = 4, max_findings: int | None = None,
                  on_event: Callable[[str, "Search", object], None] | None = None):
         unknown = [f for f in families if f not in KINDS]
         if unknown:
             raise ValueError(f"unknown family {unknown[0]!r} for the search; searchable: {', '.join(KINDS)}")
-        from ckpt_chaos.run.runner import DEFAULT_GOLDEN_DIR, run_scenario
+        from ckpt_chaos.run.runner import run_scenario
 
         self.trainer_module = trainer_module
         self.kinds = {k for f in families for k in KINDS[f]}
         self.summary = Summary(trainer=trainer_module, families=list(families), seed=seed, budget_s=budget_s,
                                shrink_s=shrink_s if shrink_s is not None else min(300.0, max(60.0, budget_s / 2)))
         self.seed = seed
-        self.out = Path(out)
-        # Failures of the reference trainer are regressions of the catalogue's default suite;
-        # failures of any other trainer (the planted ones) stay with the search's output.
+        self.out = Path(out) if out else out_dir() / "explore"
+        # Findings stay with the search's output unless the caller keeps them elsewhere (the repository's
+        # Makefile: in the catalogue's regressions folder, so they join the default suite).
         if regressions is None:
-            regressions = REGRESSIONS if trainer_module == "reference_trainer" else self.out / "found"
+            regressions = self.out / "found"
         self.regressions = Path(regressions)
-        self.golden_root = Path(golden_root) if golden_root else DEFAULT_GOLDEN_DIR
+        self.golden_root = Path(golden_root) if golden_root else golden_dir()
         self.runner = runner or run_scenario
         if database is True:
             key = f"{trainer_module}-{'-'.join(sorted(families))}"
-            database = DEFAULT_DB / key
+            database = cache_dir() / "explore" / key
         self.database = DirectoryBasedExampleDatabase(str(database)) if database else None
         self.max_faults = max_faults
         self.max_findings = max_findings  # stop after this many (benchmarks: the time to the first)
@@ -924,7 +922,7 @@ class Search:
                   description=f"found by ckpt-chaos explore (seed {self.seed}): fails {ident}")
         self.regressions.mkdir(parents=True, exist_ok=True)
         path = self.regressions / f"{name}.toml"
-        shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+        shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
         header = (f"# Found by `ckpt-chaos explore --trainer {self.trainer_module} --seed {self.seed}`, shrunk to "
                   f"{len(faults)} fault(s).\n# Reproduce: ckpt-chaos run {shown}\n"
                   f"# It failed: {attempt.reason[:400]}\n")
