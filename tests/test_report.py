@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -151,3 +152,13 @@ def test_the_benchmark_report_shows_the_soak_against_the_model(tmp_path):
     if (REPO / "benchmarks" / "results" / "explore_planted.json").exists():
         assert "Fault-schedule search against planted bugs" in text and "tests.planted.rng_not_saved" in text
     assert text.count("<svg") >= 2 and "src=" not in text  # plots inline: the page is one file
+
+
+def test_suite_runs_started_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
+    frozen = time.gmtime()
+    monkeypatch.setattr(results.time, "gmtime", lambda *a: frozen)
+    first = results.suite_dir(tmp_path, "custom")
+    second = results.suite_dir(tmp_path, "custom")
+    assert first != second and first.is_dir() and second.is_dir()
+    assert second.name == first.name + "-2"
+    assert (tmp_path / "custom" / "latest").resolve() == second.resolve()

@@ -40,9 +40,21 @@ PASSING = ("pass", "xfail")
 
 
 def suite_dir(reports_root: Path, suite: str) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = Path(reports_root) / suite / stamp
-    out.mkdir(parents=True, exist_ok=False)
+    """A new directory for one suite run, named by its UTC start time, and ``latest`` pointing at it.
+    Two runs started in the same second (CI scripts, a --strict rerun) get ``-2``, ``-3``...:
+    never one run's files written into another's directory."""
+    base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    (Path(reports_root) / suite).mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        stamp = base if n == 1 else f"{base}-{n}"
+        out = Path(reports_root) / suite / stamp
+        try:
+            out.mkdir()
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"{out}: a thousand suite runs started in the same second")
     link = Path(reports_root) / suite / "latest"
     tmp = link.with_name(".latest.tmp")
     if tmp.is_symlink():
