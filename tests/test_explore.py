@@ -16,14 +16,30 @@ import pytest
 
 from ckpt_chaos.search.explore import (ERRNO_SITES, MAX_LAUNCHES, SAVE_POINTS, STEP_POINTS, TRAINER, Search, _deletion_order,
                              identity, tries, where)
+from ckpt_chaos.check.checks import Report
 from ckpt_chaos.run.runner import Result, run_scenario
 from ckpt_chaos.scenario import Fault, Trigger, from_dict, load
 
 
+def _checks(*checks: tuple[str, str, str]) -> list[dict]:
+    """Checks as the checker writes them, from (name, verdict, detail): ``fault_N_x`` is about fault
+    N, ``x@y`` about y."""
+    report = Report()
+    for name, verdict, detail in checks:
+        if "@" in name:
+            report.add(name.split("@")[0], verdict, detail, at=name.split("@")[1])
+        elif name.startswith("fault_"):
+            report.add(name.split("_", 2)[2], verdict, detail, fault=int(name.split("_")[1]))
+        else:
+            report.add(name, verdict, detail)
+    assert [c.name for c in report.checks] == [c[0] for c in checks]
+    return [dataclasses.asdict(c) for c in report.checks]
+
+
 def _result(s, failed: dict[str, str]) -> Result:
     """A Result as the checker writes it: every fault fired, plus the given failed checks."""
-    checks = [{"name": f"fault_{i}_fired", "verdict": "pass", "detail": "fired"} for i in range(len(s.faults))]
-    checks += [{"name": n, "verdict": "fail", "detail": d} for n, d in failed.items()]
+    checks = _checks(*[(f"fault_{i}_fired", "pass", "fired") for i in range(len(s.faults))],
+                     *[(n, "fail", d) for n, d in failed.items()])
     return Result(scenario=s.name, verdict="fail" if failed else "pass", checks=checks,
                   reason="; ".join(f"{n}: {d}" for n, d in failed.items()))
 
@@ -175,13 +191,13 @@ def test_a_kill_of_the_peer_while_rank_0_commits_is_not_counted_as_a_crash_there
     assert where(dataclasses.replace(f, target="triggering")) == ("crash", "ckpt.fsync")
 
 
-def test_unfired_faults_are_not_findings():
-    checks = [{"name": "fault_0_fired", "verdict": "fail", "detail": ""},
-              {"name": "fault_1_surfaced", "verdict": "fail", "detail": ""},
-              {"name": "lost_work@1", "verdict": "fail", "detail": ""}]
+def test_unfired_faults_are_not_findings_and_a_failure_is_named_without_its_numbers():
+    checks = _checks(("fault_0_fired", "fail", ""), ("fault_1_surfaced", "fail", ""), ("lost_work@1", "fail", ""))
     assert identity(checks[:1]) is None
     assert identity(checks) == "fault_surfaced"
     assert identity(checks[2:]) == "lost_work"
+    # checks that could not tell or do not apply are no findings either
+    assert identity(_checks(("detected_in_time", "unknown", ""), ("fault_0_detected", "n/a", ""))) is None
 
 
 def test_a_failure_shrinks_to_the_fault_that_causes_it_and_is_written_out(tmp_path):

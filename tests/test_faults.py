@@ -143,7 +143,7 @@ def test_requirements_ask_every_family():
 def test_a_kind_added_in_its_family_module_runs_end_to_end(tmp_path):
     """``interrupt`` was added to faults/process.py alone (with its scenario and this test): the loader,
     the runner's dispatch, the checks and the report take it from the registry."""
-    from ckpt_chaos.check.history import read_history
+    from ckpt_chaos.check.history import FaultFired, of, read_history
     from ckpt_chaos.run.runner import run_scenario
 
     s = next(s for s in catalogue(builtin_scenarios()) if s.name == "interrupt-rank0-mid-step")
@@ -153,5 +153,5 @@ def test_a_kind_added_in_its_family_module_runs_end_to_end(tmp_path):
     checks = {c["name"]: c for c in r.checks}
     assert checks["fault_0_job_failed"]["verdict"] == "pass"  # SIGINT ends the launch, as its kind says
     assert r.resumed_from == ["step_00000004"] and r.launches == 2
-    fired = [h for h in read_history(r.run_dir) if h["source"] == "harness" and h["kind"] == "fault"]
-    assert [h["fault"] for h in fired] == ["interrupt"] and fired[0]["ranks"] == [0]
+    fired = of(read_history(r.run_dir), FaultFired)
+    assert [h.fault for h in fired] == ["interrupt"] and fired[0].detail["ranks"] == [0]

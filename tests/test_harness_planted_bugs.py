@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from ckpt_chaos.check.history import read_history
+from ckpt_chaos.check.history import FaultFired, RankExited, Reaped, of, read_history
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
@@ -44,12 +44,12 @@ def test_a_hung_rank_is_noticed_by_its_peer_then_killed_as_torchrun_closes_it(tm
     r = run(tmp_path, golden_root, "hang-rank1-sigstop.toml")
     assert r.verdict == "pass", r.reason
     history = read_history(r.run_dir)
-    stopped = next(pid for h in history if h["kind"] == "fault" and h["fault"] == "stop" for pid in h["pids"])
-    reaped = [h for h in history if h["kind"] == "reap_stopped"]
-    assert [h["pids"] for h in reaped] == [[stopped]]
-    exits = [h for h in history if h["kind"] == "rank_exit" and h["launch"] == 0]
-    assert exits[0]["pid"] != stopped  # the peer noticed first
-    assert next(h["t"] for h in exits if h["pid"] == stopped) >= reaped[0]["t"]
+    stopped = next(pid for h in of(history, FaultFired) if h.fault == "stop" for pid in h.pids)
+    reaped = of(history, Reaped)
+    assert [h.pids for h in reaped] == [[stopped]]
+    exits = of(history, RankExited, launch=0)
+    assert exits[0].pid != stopped  # the peer noticed first
+    assert next(h.t for h in exits if h.pid == stopped) >= reaped[0].t
 
 
 def test_rng_not_saved_is_caught_and_named(tmp_path, golden_root):

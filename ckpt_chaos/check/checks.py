@@ -1,8 +1,10 @@
 """What must hold: checks over a stored run (history, trajectory, trainer events, golden run).
 
-Each check returns ``pass`` or ``fail`` with a sentence that says what was seen; the run's
-verdict is the worst of them. Checks read only files, so a stored run can be re-checked later
-(``ckpt-chaos check RUN_DIR``) without running anything again.
+Each check answers ``pass``, ``fail``, ``unknown`` (the run cannot tell) or ``n/a`` (it does not
+apply to this scenario), with a sentence that says what was seen. The run's verdict is the worst
+of them: ``fail`` over ``unknown`` over ``pass``, ``n/a`` counting as nothing. Checks read only
+files, so a stored run can be re-checked later (``ckpt-chaos check RUN_DIR``) without running
+anything again.
 
 A save killed mid-write is an indeterminate operation: the checks accept the old or the new
 checkpoint as the resume point (whichever validates after the crash), never a mix.
@@ -13,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckpt_chaos.check.history import final_state, read_history, trajectory, trajectory_records, trainer_events
+from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, LaunchStarted,
+                                     ProbeEvent, R, RankExited, Record, final_state, of, read_history, trajectory,
+                                     trajectory_records, trainer_events)
 from ckpt_chaos.faults import FaultKind
 from ckpt_chaos.scenario import Scenario
 
@@ -21,13 +25,17 @@ EXACT_FIELDS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_s
 COMPONENTS = ("model", "optimizer", "scheduler", "counters", "dataloader", "rng", "grads")
 # After a world-size change the per-rank RNG streams are reseeded by design (README).
 WORLD_CHANGE_EXEMPT = ("rng",)
+VERDICTS = ("pass", "fail", "unknown", "n/a")
 
 
 @dataclass
 class Check:
-    name: str
-    verdict: str  # pass | fail
+    name: str  # as shown: fault_1_surfaced, committed_survives@0, trajectory
+    verdict: str  # pass | fail | unknown | n/a
     detail: str
+    check: str = ""  # the same for every fault and subject: fault_surfaced, committed_survives, trajectory
+    fault: int | None = None  # the fault it is about (its index in the scenario), if one
+    at: str | None = None  # what it is about otherwise: a launch, a checkpoint, a view
 
 
 @dataclass
@@ -41,15 +49,29 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        return "fail" if any(c.verdict == "fail" for c in self.checks) else "pass"
+        """The worst check: fail > unknown > pass; n/a counts as nothing."""
+        verdicts = {c.verdict for c in self.checks}
+        return "fail" if "fail" in verdicts else "unknown" if "unknown" in verdicts else "pass"
 
     @property
     def reason(self) -> str:
-        failed = [c for c in self.checks if c.verdict == "fail"]
-        return "; ".join(f"{c.name}: {c.detail}" for c in failed)
+        bad = [c for c in self.checks if c.verdict in ("fail", "unknown")]
+        return "; ".join(f"{c.name}: {c.detail}" + (" (could not tell)" if c.verdict == "unknown" else "")
+                         for c in bad)
 
-    def add(self, name: str, ok: bool, detail: str) -> None:
-        self.checks.append(Check(name, "pass" if ok else "fail", detail))
+    def add(self, check: str, verdict: bool | str, detail: str, *, fault: int | None = None,
+            at: object = None) -> None:
+        """Record a check: ``verdict`` True/False for pass/fail, or one of VERDICTS."""
+        if isinstance(verdict, bool):
+            verdict = "pass" if verdict else "fail"
+        assert verdict in VERDICTS, verdict
+        if at is not None:
+            name, identity = f"{check}@{at}", check
+        elif fault is not None:
+            name, identity = f"fault_{fault}_{check}", f"fault_{check}"
+        else:
+            name, identity = check, check
+        self.checks.append(Check(name, verdict, detail, identity, fault, None if at is None else str(at)))
 
 
 @dataclass
@@ -59,21 +81,27 @@ class Run:
     s: Scenario
     dir: Path
     golden: Path
-    history: list[dict]
+    history: list[Record]
     events: list[dict]
 
     @classmethod
     def load(cls, s: Scenario, run_dir: Path, golden: Path) -> "Run":
         return cls(s, run_dir, golden, read_history(run_dir), trainer_events(run_dir))
 
-    def harness(self, kind: str) -> list[dict]:
-        return [h for h in self.history if h["source"] == "harness" and h["kind"] == kind]
+    def records(self, cls: type[R], launch: int | None = None) -> list[R]:
+        return of(self.history, cls, launch)
+
+    def faults(self) -> list[FaultFired]:
+        return of(self.history, FaultFired)
+
+    def probes(self, point: str | None = None) -> list[ProbeEvent]:
+        return [h for h in of(self.history, ProbeEvent) if point is None or h.point == point]
 
     def trainer(self, kind: str, launch: int | None = None) -> list[dict]:
         return [e for e in self.events if e["event"] == kind and (launch is None or e.get("attempt") == launch)]
 
     def launches(self) -> list[int]:
-        ids = {h["launch"] for h in self.harness("launch")} | {e.get("attempt", 0) for e in self.events}
+        ids = {h.launch for h in self.records(LaunchStarted)} | {e.get("attempt", 0) for e in self.events}
         return sorted(ids)
 
     def last_step(self, launch: int) -> int:
@@ -89,8 +117,8 @@ class Run:
             return None, 0
         return None
 
-    def exit_of(self, launch: int) -> dict | None:
-        return next((h for h in self.harness("exit") if h["launch"] == launch), None)
+    def exit_of(self, launch: int) -> Exited | None:
+        return next(iter(self.records(Exited, launch)), None)
 
 
 def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] | None = None) -> Report:
@@ -116,22 +144,22 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
 # ---- the checks ---------------------------------------------------------------------------------
 
 def _harness_health(run: Run, report: Report, errors: list[str]) -> None:
-    deadlines = run.harness("deadline")
+    deadlines = run.records(DeadlineHit)
     if deadlines:
         d = deadlines[0]
-        report.add("no_hang", False, f"launch {d['launch']} was still running after the scenario deadline of "
-                   f"{d['deadline_s']:.0f}s; the harness killed it (the job hung instead of failing)")
+        report.add("no_hang", False, f"launch {d.launch} was still running after the scenario deadline of "
+                   f"{d.deadline_s:.0f}s; the harness killed it (the job hung instead of failing)")
     else:
         report.add("no_hang", True, "every launch ended before the deadline")
-    errors = errors + [h["error"] for h in run.harness("error")]
+    errors = errors + [h.error for h in run.records(HarnessError)]
     report.add("harness_ok", not errors, "; ".join(dict.fromkeys(errors)) or "no harness errors")
 
 
 def _faults_fired(run: Run, report: Report) -> None:
-    fired = {h["index"] for h in run.harness("fault")}
+    fired = {h.index for h in run.faults()}
     for i, f in enumerate(run.s.faults):
         t = {k: v for k, v in vars(f.when).items() if v is not None}
-        report.add(f"fault_{i}_fired", i in fired,
+        report.add("fired", i in fired, fault=i, detail=
                    f"{f.kind} {f.target} fired at {t}" if i in fired else
                    f"{f.kind} {f.target} never fired: no probe event of launch {f.attempt} matched {t}; "
                    f"check faults[{i}].when against the points the trainer reports (history.jsonl)")
@@ -139,8 +167,8 @@ def _faults_fired(run: Run, report: Report) -> None:
 
 def _completion(run: Run, report: Report) -> None:
     final = final_state(run.dir)
-    exits = run.harness("exit")
-    last_rc = exits[-1]["rc"] if exits else None
+    exits = run.records(Exited)
+    last_rc = exits[-1].rc if exits else None
     ok = final is not None and bool(run.trainer("finished")) and last_rc == 0
     report.add("job_completed", ok, f"training finished after {report.launches} launch(es)" if ok else
                f"training did not finish (last launch exit status {last_rc}); see torchrun.log")
@@ -149,9 +177,9 @@ def _completion(run: Run, report: Report) -> None:
 def _fault_effects(run: Run, report: Report) -> None:
     """The faulted launch failed (a fault that ends it), or ended as its kind says it must (a
     preemption: stopped cleanly with an emergency save)."""
-    for h in run.harness("fault"):
-        fault = run.s.faults[h["index"]]
-        launch = h["launch"]
+    for h in run.faults():
+        fault = run.s.faults[h.index]
+        launch = h.launch
         ex = run.exit_of(launch)
         if fault.spec.exit_check is not None:
             fault.spec.exit_check(run, h, report)
@@ -161,20 +189,20 @@ def _fault_effects(run: Run, report: Report) -> None:
         expect_fail = run.s.expect.job_fails if run.s.expect.job_fails is not None else True
         if ex is None or run.s.recovery.relaunch == "torchrun":
             later = [x for x in run.launches() if x > launch]
-            report.add(f"fault_{h['index']}_job_failed", bool(later) == expect_fail,
-                       "torchrun restarted the workers" if later else "no restart followed the fault")
+            report.add("job_failed", bool(later) == expect_fail, fault=h.index,
+                       detail="torchrun restarted the workers" if later else "no restart followed the fault")
             continue
-        failed = ex["rc"] != 0
-        report.add(f"fault_{h['index']}_job_failed", failed == expect_fail,
-                   f"launch {launch} exited with status {ex['rc']}"
+        failed = ex.rc != 0
+        report.add("job_failed", failed == expect_fail, fault=h.index,
+                   detail=f"launch {launch} exited with status {ex.rc}"
                    + ("" if failed == expect_fail else f" (expected {'failure' if expect_fail else 'success'})"))
 
 
 def _kind_effects(run: Run, report: Report) -> None:
     """What the trainer must show of each fault, as its kind says (ckpt_chaos/faults/): a storage
     fault that made calls fail was reported, a corrupted checkpoint was rejected before a load."""
-    for h in run.harness("fault"):
-        spec = run.s.faults[h["index"]].spec
+    for h in run.faults():
+        spec = run.s.faults[h.index].spec
         if spec.effect_check is not None:
             spec.effect_check(run, h, report)
 
@@ -274,7 +302,7 @@ def _loaded_equals_saved(run: Run, report: Report) -> None:
         diff, same = _component_diff(load, exempt=_exempt(load))
         if not (load.get("digests") and load.get("saved_digests")):
             continue
-        report.add(f"loaded_equals_saved@{load['name']}", not diff,
+        report.add("loaded_equals_saved", not diff, at=load["name"], detail=
                    f"state loaded from {load['name']} differs from the state saved in: {', '.join(diff)} "
                    f"({', '.join(same)} identical)" if diff else
                    f"{', '.join(same)} identical to the state saved" + (
@@ -298,21 +326,21 @@ def _resume_choice(run: Run, report: Report) -> None:
         before = run.exit_of(launch - 1)
         if before is None or run.s.recovery.relaunch == "torchrun":  # no snapshot between torchrun restarts
             continue
-        snap = before["snapshot"]
-        newest = _newest(snap["newest_valid"], before.get("remote", {}).get("newest_durable"))
+        snap = before.snapshot
+        newest = _newest(snap["newest_valid"], (before.remote or {}).get("newest_durable"))
         ok = name == newest
-        report.add(f"resumed_newest_valid@{launch}", ok,
+        report.add("resumed_newest_valid", ok, at=launch, detail=
                    f"launch {launch} resumed from {name or 'scratch'}, the newest valid checkpoint after the crash"
                    if ok else f"launch {launch} resumed from {name or 'scratch'} but the newest valid checkpoint "
-                   f"after the crash was {newest or 'none'}{_blame(run, before['t'])}")
+                   f"after the crash was {newest or 'none'}{_blame(run, before.t)}")
         if name is not None:
             restored = [e for e in run.trainer("restored_from_remote", launch) if e["name"] == name]
-            where = before.get("remote", {}).get("checkpoints", {}) if restored else snap["checkpoints"]
+            where = (before.remote or {}).get("checkpoints", {}) if restored else snap["checkpoints"]
             reason = where.get(name, "it did not exist" + (" as a durable remote checkpoint" if restored else ""))
-            report.add(f"never_loaded_torn@{launch}", reason is None,
+            report.add("never_loaded_torn", reason is None, at=launch, detail=
                        f"{name} validated after the crash" if reason is None else
                        f"launch {launch} loaded {name} although it was not a valid checkpoint: {reason}"
-                       f"{_blame(run, before['t'], name)}")
+                       f"{_blame(run, before.t, name)}")
 
 
 def _newest(*names: str | None) -> str | None:
@@ -327,67 +355,68 @@ def _crash_states(run: Run, report: Report) -> None:
     # Committed: the trainer said so, or (a probed trainer) its commit rename happened.
     committed = sorted([{"name": e["name"], "t": e.get("t", 0), "attempt": e.get("attempt")}
                         for e in run.trainer("committed")]
-                       + [{"name": h["info"]["name"], "t": h["t"], "attempt": h["launch"]} for h in run.history
-                          if h["source"] == "probe" and h["kind"] == "ckpt.commit"], key=lambda c: c["t"])
+                       + [{"name": h.info["name"], "t": h.t, "attempt": h.launch} for h in run.probes("ckpt.commit")],
+                       key=lambda c: c["t"])
     retention = run.trainer("retention")
-    for ex in run.harness("exit"):
-        if ex["rc"] == 0 and run.trainer("finished", ex["launch"]):
+    for ex in run.records(Exited):
+        if ex.rc == 0 and run.trainer("finished", ex.launch):
             continue
-        snap = ex["snapshot"]
+        snap = ex.snapshot
         latest = snap.get("latest")
         # A checkpoint a corrupt fault damaged on purpose is not the trainer's to keep valid.
-        damaged = {h.get("checkpoint") for h in run.harness("fault") if _spec(run, h).damages and h["t"] <= ex["t"]}
+        damaged = {h.detail.get("checkpoint") for h in run.faults() if _spec(run, h).damages and h.t <= ex.t}
         committed = [c for c in committed if c["name"] not in damaged]
         if latest in damaged:
-            report.add(f"latest_valid@{ex['launch']}", True, f"`latest` names {latest}, damaged by a corrupt fault")
+            report.add("latest_valid", "n/a", at=ex.launch,
+                       detail=f"`latest` names {latest}, which a fault damaged on purpose")
         elif latest is not None:
             reason = snap["checkpoints"].get(latest, "it does not exist")
-            report.add(f"latest_valid@{ex['launch']}", reason is None,
+            report.add("latest_valid", reason is None, at=ex.launch, detail=
                        f"`latest` names {latest}, a valid checkpoint" if reason is None else
-                       f"after launch {ex['launch']} died, `latest` named {latest}, which was not a valid "
+                       f"after launch {ex.launch} died, `latest` named {latest}, which was not a valid "
                        f"checkpoint ({reason}): the pointer moved before the checkpoint was durable"
-                       f"{_blame(run, ex['t'])}")
+                       f"{_blame(run, ex.t)}")
         pool = committed
-        if any(_spec(run, h).loses_disk and h["launch"] == ex["launch"] for h in run.harness("fault")):
+        if any(_spec(run, h).loses_disk and h.launch == ex.launch for h in run.faults()):
             # The local disk is gone with everything on it: what must survive is what was durable.
             pool = [{"name": e["name"], "t": e["t"], "attempt": e.get("attempt")} for e in run.trainer("uploaded")]
-        before = [c for c in pool if c.get("t", 0) <= ex["t"] and c.get("attempt") == ex["launch"]]
-        before = before or [c for c in pool if c.get("t", 0) <= ex["t"]]
+        before = [c for c in pool if c.get("t", 0) <= ex.t and c.get("attempt") == ex.launch]
+        before = before or [c for c in pool if c.get("t", 0) <= ex.t]
         if not before:
             continue
         last = before[-1]["name"]
         valid = [n for n, r in snap["checkpoints"].items() if r is None]
-        valid += [n for n, r in ex.get("remote", {}).get("checkpoints", {}).items() if r is None]
+        valid += [n for n, r in (ex.remote or {}).get("checkpoints", {}).items() if r is None]
         ok = last in valid or any(n > last for n in valid)
         if ok:
-            report.add(f"committed_survives@{ex['launch']}", True,
+            report.add("committed_survives", True, at=ex.launch, detail=
                        f"{last}, the newest checkpoint committed before the crash, or a newer one is valid")
         else:
             deleted = [r for r in retention if last in r.get("deleted", [])]
             why = (f"; retention deleted it while the next save had not committed" if deleted else "")
-            report.add(f"committed_survives@{ex['launch']}", False,
+            report.add("committed_survives", False, at=ex.launch, detail=
                        f"{last} was committed before the crash but is not valid after it, and nothing newer is"
-                       f" ({snap['checkpoints'].get(last, 'gone')}){why}{_blame(run, ex['t'], last)}")
+                       f" ({snap['checkpoints'].get(last, 'gone')}){why}{_blame(run, ex.t, last)}")
 
 
-def _spec(run: Run, h: dict) -> FaultKind:
+def _spec(run: Run, h: FaultFired) -> FaultKind:
     """The kind of the fault a history record says fired."""
-    return run.s.faults[h["index"]].spec
+    return run.s.faults[h.index].spec
 
 
 def _blame(run: Run, t: float, ckpt: str | None = None) -> str:
     """"; after FAULT at POINT": the fault that explains a finding at time ``t``, for the diagnosis:
     the corruption of ``ckpt`` if one was done, otherwise the last fault before ``t``."""
-    before = [h for h in run.harness("fault") if h["t"] <= t]
-    aimed = [h for h in before if ckpt is not None and h.get("checkpoint") == ckpt]
+    before = [h for h in run.faults() if h.t <= t]
+    aimed = [h for h in before if ckpt is not None and h.detail.get("checkpoint") == ckpt]
     if not before:
         return ""
     h = (aimed or before)[-1]
-    fault = run.s.faults[h["index"]]
-    at = h["at"]
+    fault = run.s.faults[h.index]
+    at = h.at
     what = fault.spec.describe(fault, h) if fault.spec.describe else fault.kind
     out = f"; after {what} at {at['point']} (rank {at['rank']})"
-    lost = h.get("lost")
+    lost = h.detail.get("lost")
     if lost:
         out += (f", which lost the un-fsynced data of {len(lost['truncated']) + len(lost['restored'])} file(s) "
                 f"and undid {len(lost['undone'])} un-persisted directory operation(s)")
@@ -400,20 +429,20 @@ def _committed_valid(run: Run, report: Report) -> None:
     """Every checkpoint the trainer reported committed was complete when its launch ended, unless
     retention deleted it or a fault (corruption, power loss) damaged it afterwards."""
     deleted = {n for r in run.trainer("retention") for n in r.get("deleted", [])}
-    damaged = {h.get("checkpoint") for h in run.harness("fault") if _spec(run, h).damages}
-    power_cut = {h["launch"] for h in run.harness("fault") if _spec(run, h).loses_unsynced}
+    damaged = {h.detail.get("checkpoint") for h in run.faults() if _spec(run, h).damages}
+    power_cut = {h.launch for h in run.faults() if _spec(run, h).loses_unsynced}
     checked = 0
-    for ex in run.harness("exit"):
-        if ex["launch"] in power_cut:
+    for ex in run.records(Exited):
+        if ex.launch in power_cut:
             continue  # what must survive a power cut is committed_survives's business
-        snap = ex["snapshot"]["checkpoints"]
-        for c in run.trainer("committed", ex["launch"]):
+        snap = ex.snapshot["checkpoints"]
+        for c in run.trainer("committed", ex.launch):
             name = c["name"]
             checked += 1
             if name in deleted or name in damaged or name not in snap or snap[name] is None:
                 continue
             checked = -1_000_000
-            report.add(f"committed_valid@{name}", False,
+            report.add("committed_valid", False, at=name, detail=
                        f"the trainer reported {name} committed, but it is not a valid checkpoint: {snap[name]}"
                        f"{_blame(run, c.get('t', 0))}")
     if checked > 0:
@@ -426,26 +455,26 @@ def _remote_tier(run: Run, report: Report) -> None:
     training loop never waits for an upload."""
     if run.s.remote is None:
         return
-    views = [(f"fault_{h['index']}", h, h["remote_after"]) for h in run.harness("fault") if "remote_after" in h]
-    views += [(str(ex["launch"]), ex, ex["remote"]) for ex in run.harness("exit") if "remote" in ex]
-    for label, ex, remote in views:
+    views = [(f"fault_{h.index}", h.index, h.t, h.remote_after) for h in run.faults() if h.remote_after is not None]
+    views += [(str(ex.launch), None, ex.t, ex.remote) for ex in run.records(Exited) if ex.remote is not None]
+    for label, index, t, remote in views:
         torn = {n: r for n, r in remote["checkpoints"].items() if r is not None}
-        report.add(f"remote_durable_complete@{label}", not torn,
+        report.add("remote_durable_complete", not torn, at=label, fault=index, detail=
                    f"{len(remote['checkpoints'])} durable remote checkpoint(s), each complete"
                    + (f"; {len(remote['partial'])} partial upload(s) without a manifest: {', '.join(remote['partial'])}"
                       if remote["partial"] else "") if not torn else
                    "; ".join(f"{n} is marked durable (manifest.json uploaded) but {r}" for n, r in torn.items())
-                   + ": the uploader marked it durable before every object was complete" + _blame(run, ex["t"]))
+                   + ": the uploader marked it durable before every object was complete" + _blame(run, t))
     for launch in run.launches()[1:]:
         before = run.exit_of(launch - 1)
         for e in run.trainer("restored_from_remote", launch):
-            reason = (before or {}).get("remote", {}).get("checkpoints", {}).get(e["name"], "not durable")
-            report.add(f"restored_durable@{launch}", reason is None,
+            reason = ((before.remote if before else None) or {}).get("checkpoints", {}).get(e["name"], "not durable")
+            report.add("restored_durable", reason is None, at=launch, detail=
                        f"launch {launch} restored {e['name']}, complete on the remote tier" if reason is None else
                        f"launch {launch} restored {e['name']} from the remote tier, which was {reason}")
-    exits = run.harness("exit")
-    if exits and exits[-1]["rc"] == 0 and run.trainer("finished") and "remote" in exits[-1]:
-        local, remote = exits[-1]["snapshot"]["newest_valid"], exits[-1]["remote"]["newest_durable"]
+    exits = run.records(Exited)
+    if exits and exits[-1].rc == 0 and run.trainer("finished") and exits[-1].remote is not None:
+        local, remote = exits[-1].snapshot["newest_valid"], exits[-1].remote["newest_durable"]
         report.add("final_durable", remote == local,
                    f"the final checkpoint {local} is durable on the remote tier" if remote == local else
                    f"training finished with {local}, but the newest durable remote checkpoint is {remote or 'none'}: "
@@ -476,17 +505,17 @@ def _lost_work(run: Run, report: Report) -> None:
         lost = max(0, run.last_step(launch - 1) - point[1])
         total += lost
         if limit is not None:
-            report.add(f"lost_work@{launch}", lost <= limit,
+            report.add("lost_work", lost <= limit, at=launch, detail=
                        f"launch {launch - 1} reached step {run.last_step(launch - 1)}, launch {launch} resumed at "
                        f"step {point[1]}: {lost} step(s) lost, at most {limit} allowed")
     report.steps_lost = total if report.launches > 1 else 0
 
 
 def _final_directory(run: Run, report: Report) -> None:
-    exits = run.harness("exit")
-    if not exits or exits[-1]["rc"] != 0:
+    exits = run.records(Exited)
+    if not exits or exits[-1].rc != 0:
         return
-    snap = exits[-1]["snapshot"]
+    snap = exits[-1].snapshot
     report.add("no_strays", not snap["strays"], "no temporary or trash directories left" if not snap["strays"]
                else f"left behind after recovery: {', '.join(snap['strays'])}")
     keep_last = int(run.s.trainer.get("keep_last", 3))
@@ -507,33 +536,35 @@ def _final_directory(run: Run, report: Report) -> None:
 
 
 def _timings(run: Run, report: Report) -> None:
-    faults = run.harness("fault")
+    faults = run.faults()
     if not faults:
         return
     f0 = faults[0]
-    launch = f0["launch"]
+    launch = f0.launch
     ex = run.exit_of(launch)
-    if ex is not None and ex["rc"] == 0 and run.s.recovery.relaunch != "torchrun":
-        return  # the job rode the fault out: nothing to detect, nothing to recover from
-    victims = {pid for h in faults if _spec(run, h).kills_target for pid in h.get("pids", [])}
-    # Detection: the first rank that the nemesis did not kill exits (it noticed), or the launch ends.
-    noticed = [h for h in run.harness("rank_exit") if h["launch"] == launch and h["pid"] not in victims
-               and h["t"] >= f0["t"]]
-    if noticed:
-        report.time_to_detect_s = noticed[0]["t"] - f0["t"]
-    elif ex is not None and run.s.recovery.relaunch != "torchrun":
-        report.time_to_detect_s = ex["t"] - f0["t"]
-    else:
-        starts = [h for h in run.history if h["source"] == "probe" and h["kind"] == "train.start"
-                  and h["launch"] > launch]
-        if starts:
-            report.time_to_detect_s = starts[0]["t"] - f0["t"]
-    target = run.last_step(launch)
-    back = [h for h in run.history if h["source"] == "probe" and h["kind"] == "step.end" and h["launch"] > launch
-            and h["info"].get("step", 0) >= target]
-    if back:
-        report.time_to_recover_s = back[0]["t"] - f0["t"]
     limit = run.s.expect.detect_within_s
-    if limit is not None and report.time_to_detect_s is not None:
+    if ex is not None and ex.rc == 0 and run.s.recovery.relaunch != "torchrun":
+        if limit is not None:
+            report.add("detected_in_time", "n/a", f"launch {launch} rode the fault out: nothing to detect")
+        return
+    victims = {pid for h in faults if _spec(run, h).kills_target for pid in h.pids}
+    # Detection: the first rank that the nemesis did not kill exits (it noticed), or the launch ends.
+    noticed = [h for h in run.records(RankExited, launch) if h.pid not in victims and h.t >= f0.t]
+    if noticed:
+        report.time_to_detect_s = noticed[0].t - f0.t
+    elif ex is not None and run.s.recovery.relaunch != "torchrun":
+        report.time_to_detect_s = ex.t - f0.t
+    else:
+        starts = [h for h in run.probes("train.start") if h.launch > launch]
+        if starts:
+            report.time_to_detect_s = starts[0].t - f0.t
+    target = run.last_step(launch)
+    back = [h for h in run.probes("step.end") if h.launch > launch and h.info.get("step", 0) >= target]
+    if back:
+        report.time_to_recover_s = back[0].t - f0.t
+    if limit is not None and report.time_to_detect_s is None:
+        report.add("detected_in_time", "unknown", f"no rank exit, end of launch {launch} or later start was "
+                   "recorded after the fault, so the time to detect it cannot be measured")
+    elif limit is not None:
         report.add("detected_in_time", report.time_to_detect_s <= limit,
                    f"the faulted launch ended {report.time_to_detect_s:.1f}s after the fault (limit {limit:.0f}s)")

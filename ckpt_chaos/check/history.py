@@ -1,9 +1,12 @@
-"""What happened: the records a run leaves behind, read back as plain data.
+"""What happened: the records a run leaves behind, read back as typed records or plain data.
 
 A trainer's run directory holds ``trajectory.jsonl`` (one record per optimizer step, appended
 again by every restart) and ``events.jsonl`` (saves, commits, loads, rejections). The harness
 adds ``history.jsonl``: every probe event of every rank and every action of the harness itself,
-on one timeline.
+on one timeline. Each of its lines is one record below (``source``, ``kind``, then its fields, the
+nemesis's own account of a fault or a heal flattened in), and is read back as that record, so the
+checks, plots and search read attributes. Files written before the records were typed have the
+same lines and read the same; a line that is no record names its file, line and what is wrong.
 """
 
 from __future__ import annotations
@@ -11,7 +14,175 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+
+class HistoryError(ValueError):
+    """A history line that is no record; the message names the file, the line and the problem."""
+
+
+@dataclass(kw_only=True)
+class Record:
+    """One line of ``history.jsonl``: when (0: stamped as it is written), and (class-wide) its source
+    and kind."""
+
+    SOURCE: ClassVar[str] = "harness"
+    KIND: ClassVar[str] = ""
+    t: float = 0.0
+
+
+@dataclass(kw_only=True)
+class ProbeEvent(Record):
+    """A rank (or another process of the job, by ``role``) reached a probe point."""
+
+    SOURCE: ClassVar[str] = "probe"
+    point: str  # on disk: the record's kind
+    rank: int
+    pid: int  # as the process saw it (in a container: its own namespace's)
+    launch: int
+    info: dict[str, Any] = field(default_factory=dict)
+    role: str = "rank"  # "uploader" for the remote tier's uploader
+
+
+@dataclass(kw_only=True)
+class LaunchStarted(Record):
+    KIND: ClassVar[str] = "launch"
+    launch: int
+    world_size: int
+    pid: int  # the launcher's (node 0's on a multi-node backend)
+    mode: str  # recovery.relaunch
+    probe: bool = True
+    backend: str | None = None  # multi-node backends: docker | netns
+    nodes: int | None = None
+    launcher_pids: list[int] | None = None
+
+
+@dataclass(kw_only=True)
+class FaultFired(Record):
+    """A fault acted; ``detail`` is its nemesis's account (ranks, pids, rule, checkpoint, files, lost...)."""
+
+    KIND: ClassVar[str] = "fault"
+    index: int  # in the scenario's faults
+    fault: str  # its kind
+    target: str
+    launch: int
+    at: dict[str, Any]  # the event it fired on: point, rank, info
+    snapshot_before: dict | None = None  # the checkpoint directory just before (probe events only)
+    remote_after: dict | None = None  # what the remote tier held just after
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pids(self) -> list[int]:
+        return self.detail.get("pids", [])
+
+
+@dataclass(kw_only=True)
+class Healed(Record):
+    """The end of a launch: what the nemeses undid (faultfs rules and what they did, ballast, toxics)."""
+
+    KIND: ClassVar[str] = "heal"
+    launch: int
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def injected(self) -> list[dict]:
+        """The calls faultfs failed in this launch (each with its rule, op, path, errno, pid, t)."""
+        return self.detail.get("faultfs", {}).get("injected", [])
+
+
+@dataclass(kw_only=True)
+class Exited(Record):
+    """A launch ended: its exit status and what a resume would find."""
+
+    KIND: ClassVar[str] = "exit"
+    launch: int
+    rc: int | None  # None: killed at the deadline
+    snapshot: dict  # history.snapshot_checkpoints of the checkpoint directory
+    deadline_hit: bool = False
+    grace_expired: list[float] = field(default_factory=list)  # a preemption's grace ran out at these times
+    remote: dict | None = None  # the remote tier's snapshot
+
+
+@dataclass(kw_only=True)
+class RankExited(Record):
+    KIND: ClassVar[str] = "rank_exit"
+    launch: int
+    rank: int
+    pid: int
+
+
+@dataclass(kw_only=True)
+class DeadlineHit(Record):
+    KIND: ClassVar[str] = "deadline"
+    launch: int
+    deadline_s: float
+
+
+@dataclass(kw_only=True)
+class Reaped(Record):
+    """Stopped ranks killed as torchrun began to close them."""
+
+    KIND: ClassVar[str] = "reap_stopped"
+    launch: int
+    pids: list[int]
+    why: str = ""
+
+
+@dataclass(kw_only=True)
+class TornDown(Record):
+    """Nodes still running ``after_s`` after another failed: the orchestrator killed them."""
+
+    KIND: ClassVar[str] = "teardown"
+    launch: int
+    nodes: list[int]
+    after_s: float
+
+
+@dataclass(kw_only=True)
+class HarnessError(Record):
+    KIND: ClassVar[str] = "error"
+    error: str
+
+
+HARNESS_RECORDS: dict[str, type[Record]] = {c.KIND: c for c in (
+    LaunchStarted, FaultFired, Healed, Exited, RankExited, DeadlineHit, Reaped, TornDown, HarnessError)}
+R = TypeVar("R", bound=Record)
+
+
+def to_line(record: Record) -> str:
+    # optional fields that are not set are left out, as the lines have always been written
+    data = {f.name: getattr(record, f.name) for f in fields(record) if f.name not in ("detail", "point")
+            and not (f.default is None and getattr(record, f.name) is None)}
+    data.update(getattr(record, "detail", {}))
+    kind = record.point if isinstance(record, ProbeEvent) else record.KIND
+    if isinstance(record, ProbeEvent) and record.role == "rank":
+        del data["role"]
+    return json.dumps({**data, "source": record.SOURCE, "kind": kind}, sort_keys=True, default=str)
+
+
+def from_line(data: dict, where: str = "history") -> Record:
+    """The record a parsed history line holds; ``where`` (file:line) names it in errors."""
+    source, kind = data.get("source"), data.get("kind")
+    if source == "probe":
+        cls: type[Record] = ProbeEvent
+        data = {**data, "point": kind}
+    elif source == "harness" and kind in HARNESS_RECORDS:
+        cls = HARNESS_RECORDS[kind]
+    else:
+        raise HistoryError(f"{where}: not a history record (source {source!r}, kind {kind!r}); harness records "
+                           f"are {', '.join(HARNESS_RECORDS)}: was this file written by ckpt-chaos?")
+    names = {f.name for f in fields(cls)}
+    values = {k: v for k, v in data.items() if k in names and k not in ("source", "kind")}
+    if "detail" in names:
+        values["detail"] = {k: v for k, v in data.items() if k not in names and k not in ("source", "kind")}
+    missing = [f.name for f in fields(cls) if f.name not in values
+               and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise HistoryError(f"{where}: {source} record {kind!r} lacks {', '.join(missing)}; the file is damaged or "
+                           "from another version: re-run the scenario")
+    return cls(**values)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -56,27 +227,37 @@ class History:
         self._file = open(self.path, "a", buffering=1)
         self._lock = threading.Lock()
 
-    def add(self, source: str, kind: str, **data) -> dict:
-        entry = {"t": data.pop("t", None) or time.time(), "source": source, "kind": kind, **data}
+    def add(self, record: Record) -> Record:
+        if not record.t:
+            record.t = time.time()
         with self._lock:
-            self._file.write(json.dumps(entry, sort_keys=True, default=str) + "\n")
-        return entry
+            self._file.write(to_line(record) + "\n")
+        return record
 
     def close(self) -> None:
         with self._lock:
             self._file.close()
 
 
-def read_history(run_dir: Path) -> list[dict]:
-    return read_jsonl(Path(run_dir) / "history.jsonl")
+def read_history(run_dir: Path) -> list[Record]:
+    """The records of a run's ``history.jsonl``, in the order written; a torn last line (a harness
+    killed mid-line) is ignored."""
+    path = Path(run_dir) / "history.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        out.append(from_line(data, f"{path}:{n}"))
+    return out
 
 
-def timeline(run_dir: Path) -> list[dict]:
-    """Harness actions, probe events and trainer events on one time-ordered list."""
-    merged = read_history(run_dir) + [
-        {"source": "trainer", "kind": e["event"], **{k: v for k, v in e.items() if k != "event"}}
-        for e in trainer_events(run_dir)]
-    return sorted(merged, key=lambda e: e.get("t", 0.0))
+def of(records: list[Record], cls: type[R], launch: int | None = None) -> list[R]:
+    """The records of one type (of one launch)."""
+    return [r for r in records if isinstance(r, cls) and (launch is None or getattr(r, "launch", None) == launch)]
 
 
 def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:

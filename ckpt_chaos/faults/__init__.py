@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.checks import Report, Run
+    from ckpt_chaos.check.history import FaultFired
     from ckpt_chaos.env.cluster import Cluster
     from ckpt_chaos.env.launcher import Job
     from ckpt_chaos.env.objectstore import RemoteTier
@@ -54,9 +55,9 @@ class FaultKind:
     colour: str  # its shading in plots and the report
     validate: Callable[[Scenario, Fault], None] | None = None  # cross-field checks; raises Invalid
     needs: Callable[[Any], frozenset[str]] | None = None  # params -> what the run must set up (faultfs, ...)
-    exit_check: Callable[[Run, dict, Report], None] | None = None  # how its launch must end (else: it fails)
-    effect_check: Callable[[Run, dict, Report], None] | None = None  # what the trainer must show of it
-    describe: Callable[[Fault, dict], str] | None = None  # a short account, for a diagnosis
+    exit_check: Callable[[Run, FaultFired, Report], None] | None = None  # how its launch must end (else: it fails)
+    effect_check: Callable[[Run, FaultFired, Report], None] | None = None  # what the trainer must show of it
+    describe: Callable[[Fault, FaultFired], str] | None = None  # a short account, for a diagnosis
     ends_launch: bool = False  # the launch cannot go on; otherwise whether it stops is the trainer's policy
     crashes: bool = False  # processes end where they stand, leaving the disk as it is at that point
     notice: bool = False  # the job is told first (a preemption) and may save where it stands: no work lost

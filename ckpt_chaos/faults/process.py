@@ -17,6 +17,7 @@ from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams, Setting
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.checks import Report, Run
+    from ckpt_chaos.check.history import FaultFired
     from ckpt_chaos.env.launcher import Job
     from ckpt_chaos.scenario import Fault, Scenario
 
@@ -185,25 +186,23 @@ def _check_raise(s: Scenario, f: Fault) -> None:
                       "use target = \"triggering\" (and when.rank to choose the rank)")
 
 
-def _preemption_handled(run: Run, h: dict, report: Report) -> None:
+def _preemption_handled(run: Run, h: FaultFired, report: Report) -> None:
     """The job stopped cleanly after SIGTERM: an emergency checkpoint inside the grace period."""
-    fault = run.s.faults[h["index"]]
-    launch = h["launch"]
-    ex = run.exit_of(launch)
-    name = f"fault_{h['index']}_preemption_handled"
-    later = [x for x in run.harness("fault") if x["launch"] == launch and x["t"] > h["t"]]
+    fault = run.s.faults[h.index]
+    ex = run.exit_of(h.launch)
+    later = [x for x in run.faults() if x.launch == h.launch and x.t > h.t]
     if later:  # the scenario broke the emergency save on purpose
-        report.add(name, True, f"not expected: fault {later[0]['index']} ({later[0]['fault']}) interrupted the "
-                   "emergency save")
+        report.add("preemption_handled", "n/a", fault=h.index,
+                   detail=f"fault {later[0].index} ({later[0].fault}) interrupted the emergency save on purpose")
         return
-    stops = [e for e in run.trainer("stopped", launch) if e.get("reason") == "preempt"]
-    in_grace = not (ex and ex.get("grace_expired"))
+    stops = [e for e in run.trainer("stopped", h.launch) if e.get("reason") == "preempt"]
+    in_grace = not (ex and ex.grace_expired)
     ok = bool(stops) and in_grace
     detail = (f"emergency checkpoint at step {stops[0]['step']}+{stops[0]['micro']} micro-batches in "
               f"{stops[0]['save_s']:.2f}s, inside the {fault.params.grace_s:.0f}s grace period" if ok else
               "no emergency checkpoint before the grace period ran out" if stops or not in_grace else
               "the job did not stop with an emergency checkpoint after SIGTERM")
-    report.add(name, ok, detail)
+    report.add("preemption_handled", ok, detail, fault=h.index)
 
 
 KINDS = (

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckpt_chaos.check.history import Healed
 from ckpt_chaos.env.storage import missing
 from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.checks import Report, Run
+    from ckpt_chaos.check.history import FaultFired
     from ckpt_chaos.scenario import Fault, Scenario
 
 CALLS = ("open", "write", "read", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate", "any")
@@ -237,7 +239,7 @@ def _went_on(run: Run, hits: list[dict]) -> bool:
     """Whether a process whose call failed did anything after the failure (a probe event)."""
     first = min(x["t"] for x in hits)
     pids = {x["pid"] for x in hits}
-    return any(e["source"] == "probe" and e.get("pid") in pids and e.get("t", 0) > first for e in run.history)
+    return any(e.pid in pids and e.t > first for e in run.probes())
 
 
 def _save_failed_before(fault: Fault, reported: list[dict]) -> str | None:
@@ -253,86 +255,86 @@ def _save_failed_before(fault: Fault, reported: list[dict]) -> str | None:
     return None
 
 
-def _reported(run: Run, h: dict) -> list[dict]:
-    return [e for e in run.events if e["event"] in SURFACED and e.get("attempt") == h["launch"]
-            and e.get("t", 0) >= h["t"]]
+def _reported(run: Run, h: FaultFired) -> list[dict]:
+    return [e for e in run.events if e["event"] in SURFACED and e.get("attempt") == h.launch and e.get("t", 0) >= h.t]
 
 
-def _later_faults(run: Run, h: dict) -> list[dict]:
-    return [x for x in run.harness("fault") if x["launch"] == h["launch"] and x["t"] > h["t"]
-            and x["index"] != h["index"]]
-
-
-def _surfaced(run: Run, h: dict, report: Report, hits: list[dict] | None) -> None:
+def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) -> None:
     """A fault that made the trainer's I/O fail was reported by the trainer, or stopped the launch.
 
     The launch stopping counts as reporting the fault only if no later fault stopped it, or the
     processes whose calls failed did nothing more (they could not report it: a peer's fault left
     them waiting in a collective until the launch ended)."""
-    i, fault, launch = h["index"], run.s.faults[h["index"]], h["launch"]
-    ex = run.exit_of(launch)
+    fault = run.s.faults[h.index]
+    ex = run.exit_of(h.launch)
     reported = _reported(run, h)
-    later = _later_faults(run, h)
-    stopped = ex is not None and ex["rc"] != 0 and (not later or (bool(hits) and not _went_on(run, hits)))
+    later = [x for x in run.faults() if x.launch == h.launch and x.t > h.t and x.index != h.index]
+    stopped = ex is not None and ex.rc != 0 and (not later or (bool(hits) and not _went_on(run, hits)))
     if fault.spec.fills_disk:
-        saves = [e for e in run.history if e["source"] == "probe" and e["kind"] == "ckpt.stage"
-                 and e["launch"] == launch and e["t"] >= h["t"]]
+        saves = [e for e in run.probes("ckpt.stage") if e.launch == h.launch and e.t >= h.t]
         if not saves and not reported and not stopped:
-            report.add(f"fault_{i}_surfaced", True, "no save began while the disk was full")
+            report.add("surfaced", "n/a", "no save began while the disk was full: nothing failed to report",
+                       fault=h.index)
             return
     ok = bool(reported) or stopped
     what = (f"{fault.kind} ({fault.params.errno} on {fault.params.call})" if fault.kind == "errno"
             else fault.kind)
-    report.add(f"fault_{i}_surfaced", ok,
+    report.add("surfaced", ok, fault=h.index, detail=
                f"the trainer reported it: {reported[0]['event']} {reported[0].get('name', '')}".rstrip()
-               if reported else f"launch {launch} stopped with status {ex['rc']}" + (
-                   f": the process whose call failed did nothing more before fault {later[0]['index']} "
-                   f"({later[0]['fault']}) ended the launch, so it had no chance to report it"
+               if reported else f"launch {h.launch} stopped with status {ex.rc}" + (
+                   f": the process whose call failed did nothing more before fault {later[0].index} "
+                   f"({later[0].fault}) ended the launch, so it had no chance to report it"
                    if later else "") if ok else
                f"{what} made the trainer's I/O fail, but it reported no failure (no save_failed, "
                "ckpt_rejected or load_failed event) and kept going: an error was swallowed")
 
 
-def _errno_effect(run: Run, h: dict, report: Report) -> None:
+def _errno_effect(run: Run, h: FaultFired, report: Report) -> None:
     """Injected through faultfs: some call failed (or the save it aimed at failed first); then surfaced."""
-    i, fault = h["index"], run.s.faults[h["index"]]
+    fault = run.s.faults[h.index]
     hits = None
-    if h.get("via") == "faultfs":
-        hits = [item for heal in run.harness("heal") if heal["launch"] == h["launch"]
-                for item in heal.get("faultfs", {}).get("injected", []) if item["rule"] == h.get("rule")]
-        calls = ", ".join(f"{x['op']} {x['path']} -> {x['errno']}" for x in hits[:3])
-        failed_first = _save_failed_before(fault, _reported(run, h)) if not hits else None
-        ok = bool(hits) or fault.params.probability is not None or failed_first is not None
-        report.add(f"fault_{i}_injected", ok, f"{len(hits)} call(s) failed: {calls}" if hits else
-                   "no call failed (probability drawn that way)" if fault.params.probability is not None else
-                   f"not reached: {failed_first}" if ok else
-                   f"no {fault.params.call} call on a path matching {fault.params.path!r} came after the trigger; "
-                   f"check faults[{i}].call, .path and .when")
+    if h.detail.get("via") == "faultfs":
+        hits = [item for heal in run.records(Healed, h.launch) for item in heal.injected
+                if item["rule"] == h.detail.get("rule")]
         if not hits:
+            failed_first = _save_failed_before(fault, _reported(run, h))
+            if fault.params.probability is not None:
+                report.add("injected", "n/a", "no matching call failed: the probability drew it that way",
+                           fault=h.index)
+            elif failed_first is not None:
+                report.add("injected", "n/a", f"not reached: {failed_first}", fault=h.index)
+            else:
+                report.add("injected", False, fault=h.index, detail=
+                           f"no {fault.params.call} call on a path matching {fault.params.path!r} came after the "
+                           f"trigger; check faults[{h.index}].call, .path and .when")
             return
+        calls = ", ".join(f"{x['op']} {x['path']} -> {x['errno']}" for x in hits[:3])
+        report.add("injected", True, f"{len(hits)} call(s) failed: {calls}", fault=h.index)
     _surfaced(run, h, report, hits)
 
 
-def _disk_full_effect(run: Run, h: dict, report: Report) -> None:
+def _disk_full_effect(run: Run, h: FaultFired, report: Report) -> None:
     _surfaced(run, h, report, None)
 
 
-def _corrupt_detected(run: Run, h: dict, report: Report) -> None:
+def _corrupt_detected(run: Run, h: FaultFired, report: Report) -> None:
     """The next launch rejected the corrupted checkpoint, with its reason, before it could load it."""
-    i, launch, name = h["index"], h["launch"], h.get("checkpoint")
-    later = [x for x in run.launches() if x > launch]
+    name = h.detail.get("checkpoint")
+    later = [x for x in run.launches() if x > h.launch]
     if not later:
-        report.add(f"fault_{i}_detected", False, f"{name} was corrupted but no launch came after to load it")
+        report.add("detected", "unknown", f"{name} was corrupted but no launch came after to load it",
+                   fault=h.index)
         return
     rejected = [e for e in run.trainer("ckpt_rejected", later[0]) if e["name"] == name]
     point = run.resume_point(later[0])
     if rejected:
-        report.add(f"fault_{i}_detected", True, f"launch {later[0]} rejected {name}: {rejected[0]['reason']}")
+        report.add("detected", True, f"launch {later[0]} rejected {name}: {rejected[0]['reason']}", fault=h.index)
     elif point and point[0] and point[0] > name:
-        report.add(f"fault_{i}_detected", True, f"not needed: launch {later[0]} resumed from the newer {point[0]}")
+        report.add("detected", "n/a", f"launch {later[0]} resumed from the newer {point[0]}: {name} was never a "
+                   "candidate", fault=h.index)
     else:
-        report.add(f"fault_{i}_detected", False,
-                   f"{name} was corrupted ({'; '.join(h.get('files', []))}) but launch {later[0]} did not "
+        report.add("detected", False, fault=h.index, detail=
+                   f"{name} was corrupted ({'; '.join(h.detail.get('files', []))}) but launch {later[0]} did not "
                    f"reject it" + (f"; it resumed from {point[0]}" if point and point[0] else ""))
 
 
@@ -358,6 +360,6 @@ KINDS = (
     FaultKind("corrupt", "storage", "truncate, flip bits in, or delete files of a committed checkpoint (newest, "
               "oldest or by name)", CorruptParams, StorageNemesis, StorageNemesis.corrupt, "#b2182b",
               validate=_check_corrupt, effect_check=_corrupt_detected,
-              describe=lambda f, h: f"corrupt ({f.params.corruption} {'; '.join(h.get('files', []))})",
+              describe=lambda f, h: f"corrupt ({f.params.corruption} {'; '.join(h.detail.get('files', []))})",
               damages=True),
 )

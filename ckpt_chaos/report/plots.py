@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ckpt_chaos.check.history import read_history, read_jsonl
+from ckpt_chaos.check.history import (Exited, FaultFired, LaunchStarted, ProbeEvent, RankExited, Record, read_history,
+                                     read_jsonl)
 from ckpt_chaos.faults import KINDS
 
 # One colour per kind of thing on a timeline; each fault in its kind's colour (ckpt_chaos/faults/), as
@@ -38,8 +39,8 @@ def plot_scenario(run_dir: Path) -> dict[str, str]:
     """Draw ``loss.svg`` and ``timeline.svg`` into ``run_dir``; returns {plot: file name}."""
     run_dir = Path(run_dir)
     made = {}
-    history = read_history(run_dir) if (run_dir / "history.jsonl").exists() else []
     try:
+        history = read_history(run_dir)
         if _loss(run_dir, history):
             made["loss"] = "loss.svg"
         if history and _timeline(run_dir, history):
@@ -49,7 +50,7 @@ def plot_scenario(run_dir: Path) -> dict[str, str]:
     return made
 
 
-def _loss(run_dir: Path, history: list[dict]) -> bool:
+def _loss(run_dir: Path, history: list[Record]) -> bool:
     chaos = read_jsonl(run_dir / "trajectory.jsonl") if (run_dir / "trajectory.jsonl").exists() else []
     golden_file = run_dir / "golden" / "trajectory.jsonl"
     golden = read_jsonl(golden_file) if golden_file.exists() else []
@@ -65,11 +66,11 @@ def _loss(run_dir: Path, history: list[dict]) -> bool:
         ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], marker=".", lw=1.2, label=f"launch {n}")
     # A fault is drawn at the last step its launch had finished when it fired; a restart at its first step.
     for h in history:
-        if h["source"] == "harness" and h["kind"] == "fault":
-            done = [r["step"] for r in chaos if r.get("attempt", 0) == h["launch"] and r.get("t", 0) <= h["t"]]
-            colour = fault_colour(h["fault"])
+        if isinstance(h, FaultFired):
+            done = [r["step"] for r in chaos if r.get("attempt", 0) == h.launch and r.get("t", 0) <= h.t]
+            colour = fault_colour(h.fault)
             ax.axvline(max(done, default=0) + 0.5, color=colour, ls="--", lw=1)
-            ax.annotate(h["fault"], (max(done, default=0) + 0.5, 1), xycoords=("data", "axes fraction"),
+            ax.annotate(h.fault, (max(done, default=0) + 0.5, 1), xycoords=("data", "axes fraction"),
                         rotation=90, va="top", ha="right", fontsize=7, color=colour)
     for n in launches[1:]:
         first = min(r["step"] for r in chaos if r.get("attempt", 0) == n)
@@ -84,22 +85,22 @@ def _loss(run_dir: Path, history: list[dict]) -> bool:
     return True
 
 
-def _timeline(run_dir: Path, history: list[dict]) -> bool:
-    probes = [h for h in history if h["source"] == "probe"]
-    harness = [h for h in history if h["source"] == "harness"]
+def _timeline(run_dir: Path, history: list[Record]) -> bool:
+    probes = [h for h in history if isinstance(h, ProbeEvent)]
+    harness = [h for h in history if not isinstance(h, ProbeEvent)]
     if not probes and not harness:
         return False
-    t0 = min(h["t"] for h in history)
-    lanes = sorted({(h.get("role") or "rank", h["rank"]) for h in probes}, key=lambda x: (x[0] != "rank", x[1]))
+    t0 = min(h.t for h in history)
+    lanes = sorted({(h.role, h.rank) for h in probes}, key=lambda x: (x[0] != "rank", x[1]))
     lane_of = {lane: i + 1 for i, lane in enumerate(lanes)}  # lane 0: the harness
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 0.5 + 0.45 * (len(lanes) + 1)))
     for lane, y in lane_of.items():
-        events = sorted((h for h in probes if (h.get("role") or "rank", h["rank"]) == lane), key=lambda h: h["t"])
+        events = sorted((h for h in probes if (h.role, h.rank) == lane), key=lambda h: h.t)
         open_save = open_step = open_upload = None
         for h in events:
-            x = h["t"] - t0
-            kind = h["kind"]
+            x = h.t - t0
+            kind = h.point
             if kind == "step.begin":
                 open_step = x
             elif kind == "step.end" and open_step is not None:
@@ -118,24 +119,25 @@ def _timeline(run_dir: Path, history: list[dict]) -> bool:
             elif kind.startswith("load."):
                 ax.plot([x], [y], marker="D", ms=4, color=COLOURS["load"])
         if events:  # a rank that died mid-save or mid-step: its bar ends at its last event
-            last = events[-1]["t"] - t0
+            last = events[-1].t - t0
             for start, colour in ((open_save, "save"), (open_step, "step"), (open_upload, "upload")):
                 if start is not None:
                     ax.broken_barh([(start, last - start)], (y - 0.3, 0.6), color=COLOURS[colour], alpha=0.5)
     faults = 0
     for h in harness:
-        x = h["t"] - t0
-        if h["kind"] == "fault":
-            ax.axvline(x, color=fault_colour(h["fault"]), lw=1)
+        x = h.t - t0
+        if isinstance(h, FaultFired):
+            ax.axvline(x, color=fault_colour(h.fault), lw=1)
             # staggered, so that faults fired at the same moment stay readable
-            ax.annotate(f"{h['fault']} {h.get('target', '')}", (x, len(lanes) + 0.45 + 0.35 * (faults % 2)),
-                        fontsize=7, color=fault_colour(h["fault"]), va="bottom")
+            ax.annotate(f"{h.fault} {h.target}", (x, len(lanes) + 0.45 + 0.35 * (faults % 2)),
+                        fontsize=7, color=fault_colour(h.fault), va="bottom")
             faults += 1
-        elif h["kind"] in ("launch", "exit"):
-            ax.plot([x], [0], marker="|" if h["kind"] == "launch" else "x", ms=10, color=COLOURS["launch"])
-            label = f"launch {h['launch']}" if h["kind"] == "launch" else f"exit {h.get('rc')}"
-            ax.annotate(label, (x, 0.2 if h["kind"] == "launch" else -0.55), fontsize=7, color=COLOURS["launch"])
-        elif h["kind"] == "rank_exit":
+        elif isinstance(h, (LaunchStarted, Exited)):
+            started = isinstance(h, LaunchStarted)
+            ax.plot([x], [0], marker="|" if started else "x", ms=10, color=COLOURS["launch"])
+            label = f"launch {h.launch}" if started else f"exit {h.rc}"
+            ax.annotate(label, (x, 0.2 if started else -0.55), fontsize=7, color=COLOURS["launch"])
+        elif isinstance(h, RankExited):
             ax.plot([x], [0], marker="v", ms=5, color=COLOURS["fault"])
     ax.set_yticks(range(len(lanes) + 1), ["harness"] + [f"{r if role == 'rank' else role}" if role != "rank"
                                                         else f"rank {r}" for role, r in lanes])

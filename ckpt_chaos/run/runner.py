@@ -32,7 +32,9 @@ from filelock import FileLock
 from ckpt_chaos.check import checks as checker
 from ckpt_chaos.run.controller import ProbeServer
 from ckpt_chaos.run.triggers import Generator, launch_of
-from ckpt_chaos.check.history import History, final_state, read_history, snapshot_checkpoints, trainer_events
+from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, Healed, History, LaunchStarted,
+                                     ProbeEvent, RankExited, Reaped, TornDown, final_state, of, read_history,
+                                     snapshot_checkpoints, trainer_events)
 from ckpt_chaos.config import golden_dir
 from ckpt_chaos.env.launcher import Job, launch, module_path
 from ckpt_chaos.env import cluster as cluster_module
@@ -53,7 +55,7 @@ class Result:
     """One row of the results table."""
 
     scenario: str
-    verdict: str  # pass | fail | skipped
+    verdict: str  # pass | fail (a check failed, or could not tell) | skipped
     reason: str = ""
     families: list[str] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
@@ -181,7 +183,7 @@ class ChaosRun:
 
     def _harness_error(self, message: str) -> None:
         self.errors.append(message)
-        self.history.add("harness", "error", error=message)
+        self.history.add(HarnessError(error=message))
 
     def _watch_files(self, stop: threading.Event, launch_no: int) -> None:
         """Report each new path under the run directory as an ``fs.created`` event (every ~5 ms).
@@ -216,9 +218,8 @@ class ChaosRun:
             elif launch_no == self.launch_no and self.job is not None:
                 # a rank in a container reports its pid there; signals need the host's
                 self.pids[event["rank"]] = self.job.host_pid(event["rank"], event["pid"])
-            self.history.add("probe", event["point"], t=event["t"], rank=event["rank"], pid=event["pid"],
-                             launch=launch_no, info=event.get("info", {}),
-                             **({"role": event["role"]} if event.get("role", "rank") != "rank" else {}))
+            self.history.add(ProbeEvent(t=event["t"], point=event["point"], rank=event["rank"], pid=event["pid"],
+                                        launch=launch_no, info=event.get("info", {}), role=role))
         answer = None
         for index, fault in self.generator.observe(event):
             # A probe event holds its rank, so a snapshot first costs nothing; an external event holds
@@ -226,12 +227,12 @@ class ChaosRun:
             snap = None if external else snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
             fired_at = time.time()
             act, record = self.nemeses.fire(fault, event)
-            if self.remote is not None:  # what the remote tier holds right after the fault acted
-                record["remote_after"] = self.remote.snapshot()
-            self.history.add("harness", "fault", t=fired_at, index=index, fault=fault.kind, target=fault.target,
-                             launch=launch_no, at={"point": event["point"], "rank": event["rank"],
-                                                   "info": event.get("info", {})},
-                             **({"snapshot_before": snap} if snap else {}), **record)
+            # what the remote tier holds right after the fault acted
+            remote_after = self.remote.snapshot() if self.remote is not None else None
+            self.history.add(FaultFired(t=fired_at, index=index, fault=fault.kind, target=fault.target,
+                                        launch=launch_no, at={"point": event["point"], "rank": event["rank"],
+                                                              "info": event.get("info", {})},
+                                        snapshot_before=snap or None, remote_after=remote_after, detail=record))
             answer = act or answer
         return answer
 
@@ -266,10 +267,10 @@ class ChaosRun:
                     self.job = job
                     self.roles.clear()
                     self.nemeses.new_launch(Launch(n, job, world, self.pids, self.roles))
-                self.history.add("harness", "launch", launch=n, world_size=world, pid=job.launcher_pids()[0],
-                                 mode=mode, probe=s.probe,
-                                 **({"backend": self.cluster.backend, "nodes": len(job.agents),
-                                     "launcher_pids": job.launcher_pids()} if self.cluster else {}))
+                self.history.add(LaunchStarted(launch=n, world_size=world, pid=job.launcher_pids()[0], mode=mode,
+                                               probe=s.probe,
+                                               **({"backend": self.cluster.backend, "nodes": len(job.agents),
+                                                   "launcher_pids": job.launcher_pids()} if self.cluster else {})))
                 stop_watching = threading.Event()
                 if any(f.when.point == "fs.created" and f.attempt == n for f in s.faults):
                     threading.Thread(target=self._watch_files, args=(stop_watching, n), daemon=True).start()
@@ -282,17 +283,15 @@ class ChaosRun:
                     job.kill()
                     healed = self.nemeses.heal()
                 if healed:
-                    self.history.add("harness", "heal", launch=n, **healed)
+                    self.history.add(Healed(launch=n, detail=healed))
                 torn_down = getattr(job, "torn_down", [])
                 if torn_down:  # nodes still running teardown_s after another failed: the orchestrator killed them
-                    self.history.add("harness", "teardown", launch=n, nodes=torn_down,
-                                     after_s=self.cluster.teardown_s)
-                self.history.add("harness", "exit", launch=n, rc=rc, deadline_hit=timed_out,
-                                 grace_expired=self.process.grace_expired,
-                                 snapshot=snapshot_checkpoints(self.ckpt_root),
-                                 **({"remote": self.remote.snapshot()} if self.remote else {}))
+                    self.history.add(TornDown(launch=n, nodes=torn_down, after_s=self.cluster.teardown_s))
+                self.history.add(Exited(launch=n, rc=rc, deadline_hit=timed_out, grace_expired=self.process.grace_expired,
+                                        snapshot=snapshot_checkpoints(self.ckpt_root),
+                                        remote=self.remote.snapshot() if self.remote else None))
                 if timed_out:
-                    self.history.add("harness", "deadline", launch=n, deadline_s=s.expect.deadline_s)
+                    self.history.add(DeadlineHit(launch=n, deadline_s=s.expect.deadline_s))
                     break
                 if rc == 0 and self._finished(n):
                     break
@@ -325,12 +324,12 @@ class ChaosRun:
                         seen[pid] = psutil.Process(pid)
                     except psutil.NoSuchProcess:
                         seen[pid] = None
-                        self.history.add("harness", "rank_exit", launch=self.launch_no, rank=rank, pid=pid)
+                        self.history.add(RankExited(launch=self.launch_no, rank=rank, pid=pid))
                         continue
                 proc = seen[pid]
                 if proc is not None and not _alive(proc):
                     seen[pid] = None
-                    self.history.add("harness", "rank_exit", launch=self.launch_no, rank=rank, pid=pid)
+                    self.history.add(RankExited(launch=self.launch_no, rank=rank, pid=pid))
             if rc is not None:
                 return rc
         return None
@@ -347,8 +346,8 @@ class ChaosRun:
             with self.lock:
                 reaped = self.process.reap_stopped(closing)
             if reaped:
-                self.history.add("harness", "reap_stopped", launch=self.launch_no, pids=reaped,
-                                 why="torchrun is closing the stopped worker(s); it would SIGKILL them after 30 s")
+                self.history.add(Reaped(launch=self.launch_no, pids=reaped,
+                                        why="torchrun is closing the stopped worker(s); it would SIGKILL them after 30 s"))
         return offset + end
 
     def _finished(self, launch: int) -> bool:
@@ -368,7 +367,7 @@ _NATIVE_CRASH = re.compile(r"Signal \d+ \((SIGSEGV|SIGABRT|SIGBUS|SIGILL|SIGFPE)
 def native_crash_before_any_fault(run_dir: Path) -> str | None:
     """The crash line, if a rank died of a native crash (torch, gloo, the C++ runtime) before any fault
     fired: the run then says nothing about fault handling, and the scenario is run once more."""
-    if any(e["source"] == "harness" and e["kind"] == "fault" for e in read_history(run_dir)):
+    if of(read_history(run_dir), FaultFired):
         return None
     log = run_dir / "torchrun.log"
     found = _NATIVE_CRASH.findall(log.read_text(errors="replace")) if log.exists() else []
@@ -392,7 +391,8 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path | None = None) -
     print(f"ckpt-chaos: WARNING: {s.name}: the trainer crashed on its own before any fault fired ({crash}); "
           f"running the scenario once more; the crashed run: {kept}", file=sys.stderr, flush=True)
     again = _run_scenario_once(s, out_root, golden_root)
-    again.checks.insert(0, {"name": "retried_after_native_crash", "verdict": "pass",
+    again.checks.insert(0, {"name": "retried_after_native_crash", "check": "retried_after_native_crash",
+                            "fault": None, "at": None, "verdict": "pass",
                             "detail": f"the first run crashed before any fault fired ({crash}); kept in {kept}"})
     again.wall_s += result.wall_s
     (Path(again.run_dir) / "result.json").write_text(json.dumps(again.to_dict(), indent=1))
@@ -462,7 +462,9 @@ def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str]
     events = trainer_events(run_dir, "saved")
     saves = [e["total_s"] for e in events if e.get("total_s") is not None]
     stalls = [e["stall_s"] for e in events if e.get("stall_s") is not None]
-    return Result(scenario=s.name, verdict=report.verdict, reason=report.reason, families=s.families,
+    # A scenario passes only if every check that applies passed: one that could not tell fails it.
+    return Result(scenario=s.name, verdict="pass" if report.verdict == "pass" else "fail", reason=report.reason,
+                  families=s.families,
                   kinds=s.kinds, tags=s.tags, checks=[asdict(c) for c in report.checks],
                   launches=report.launches, steps_lost=report.steps_lost,
                   time_to_detect_s=report.time_to_detect_s, time_to_recover_s=report.time_to_recover_s,

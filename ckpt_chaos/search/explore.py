@@ -46,8 +46,8 @@ while shrinking, the steps of kinds that do not matter are deleted.
 
 What is a finding, and what is not:
 
-* the identity of a failure is its first failed check, without launch or fault numbers
-  (``trajectory``, ``latest_valid``, ``fault_surfaced``...). Each identity raises its own
+* the identity of a failure is its first failed check, named without launch or fault numbers
+  (``Check.check``: ``trajectory``, ``latest_valid``, ``fault_surfaced``...). Each identity raises its own
   exception type, so hypothesis shrinks a failure to a smaller schedule that fails *the same
   way*, never to a different bug;
 * ``fault_N_fired`` failing only says that the story did not happen as planned (a kill in a
@@ -141,7 +141,7 @@ DISK_FULL_PLACES = ("ckpt.stage", "ckpt.shard.write", "step.begin")
 CORRUPT_FILES = ("__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json")
 
 # Checks that say the schedule did not happen as planned, not that the trainer is wrong.
-NOT_FINDINGS = re.compile(r"^fault_\d+_fired$")
+NOT_FINDINGS = ("fault_fired",)
 
 
 def _account(kind: str) -> str:
@@ -188,16 +188,12 @@ def tries(faults: list[Fault]) -> set[tuple]:
     return set(one) | set(zip(one, one[1:]))
 
 
-def normalize(check: str) -> str:
-    """``committed_survives@0`` -> ``committed_survives``; ``fault_2_surfaced`` -> ``fault_surfaced``."""
-    return re.sub(r"^fault_\d+_", "fault_", check.split("@", 1)[0])
-
-
 def identity(checks: list[dict]) -> str | None:
-    """How a run failed: its first failed check that is a finding, normalized; None if none is."""
+    """How a run failed: the name of its first failed check that is a finding, the same for every
+    fault and subject (``Check.check``: ``fault_surfaced``, ``committed_survives``); None if none is."""
     for c in checks:
-        if c["verdict"] == "fail" and not NOT_FINDINGS.match(c["name"]):
-            return normalize(c["name"])
+        if c["verdict"] == "fail" and c["check"] not in NOT_FINDINGS:
+            return c["check"]
     return None
 
 
@@ -788,10 +784,10 @@ class Search:
         started = time.monotonic()
         r = self.runner(s, self.out / "runs", self.golden_root)
         checks = r.checks
-        fired = sum(1 for c in checks if NOT_FINDINGS.match(c["name"]) and c["verdict"] == "pass")
+        fired = sum(1 for c in checks if c["check"] == "fault_fired" and c["verdict"] == "pass")
         ident = identity(checks) if r.verdict == "fail" else None
         reason = "; ".join(f"{c['name']}: {c['detail']}" for c in checks
-                           if c["verdict"] == "fail" and not NOT_FINDINGS.match(c["name"]))
+                           if c["verdict"] == "fail" and c["check"] not in NOT_FINDINGS)
         a = Attempt(name=s.name, verdict=r.verdict, identity=ident, faults=len(s.faults), fired=fired,
                     wall_s=time.monotonic() - started, reason=reason, run_dir=r.run_dir)
         sm = self.summary
@@ -928,7 +924,7 @@ class Search:
                   f"# It failed: {attempt.reason[:400]}\n")
         path.write_text(header + s.to_toml())
         rerun = self.runner(load(path), self.out / "reruns", self.golden_root)
-        again = {normalize(c["name"]) for c in rerun.checks if c["verdict"] == "fail"}
+        again = {c["check"] for c in rerun.checks if c["verdict"] == "fail"}
         finding = Finding(identity=ident, scenario=name, faults=len(faults), reason=attempt.reason, file=str(path),
                           reproduced=ident in again, rerun_reason=rerun.reason,
                           found_after_s=self.first_seen.get(ident, 0.0), shrink_runs=self.shrink_runs)

@@ -1,0 +1,112 @@
+"""Typed history records and check verdicts (ckpt_chaos/check/): what is written reads back as the same
+records, files written before the records were typed still read, a damaged file says where, and a
+run's verdict is the worst of its checks with "n/a" counting as nothing (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ckpt_chaos.check.checks import Report
+from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, Healed, History, HistoryError,
+                                      LaunchStarted, ProbeEvent, RankExited, Reaped, TornDown, of, read_history)
+
+SNAPSHOT = {"checkpoints": {"step_00000004": None}, "latest": "step_00000004", "strays": [],
+            "newest_valid": "step_00000004"}
+
+
+def test_every_record_reads_back_as_written(tmp_path):
+    records = [
+        LaunchStarted(t=1.0, launch=0, world_size=2, pid=10, mode="harness"),
+        ProbeEvent(t=2.0, point="ckpt.stage", rank=1, pid=11, launch=0, info={"name": "step_00000004"}),
+        ProbeEvent(t=2.5, point="upload.begin", rank=0, pid=12, launch=0, role="uploader"),
+        FaultFired(t=3.0, index=0, fault="errno", target="rank:1", launch=0,
+                   at={"point": "ckpt.stage", "rank": 1, "info": {}}, detail={"rule": 1, "via": "faultfs",
+                                                                             "pids": [11]}),
+        RankExited(t=4.0, launch=0, rank=1, pid=11),
+        Reaped(t=4.5, launch=0, pids=[11], why="torchrun is closing it"),
+        TornDown(t=4.6, launch=0, nodes=[1], after_s=30.0),
+        Healed(t=5.0, launch=0, detail={"faultfs": {"injected": [{"rule": 1, "op": "fsync"}]}}),
+        Exited(t=6.0, launch=0, rc=1, snapshot=SNAPSHOT, grace_expired=[5.5]),
+        DeadlineHit(t=7.0, launch=1, deadline_s=300.0),
+        HarnessError(t=8.0, error="boom"),
+    ]
+    history = History(tmp_path / "history.jsonl")
+    for r in records:
+        history.add(r)
+    history.close()
+    again = read_history(tmp_path)
+    assert again == records
+    assert of(again, FaultFired)[0].pids == [11] and of(again, Healed)[0].injected == [{"rule": 1, "op": "fsync"}]
+    assert of(again, ProbeEvent, launch=0)[1].role == "uploader"
+
+
+def test_a_record_is_stamped_with_the_time_it_is_written(tmp_path):
+    history = History(tmp_path / "history.jsonl")
+    written = history.add(HarnessError(error="x"))
+    history.close()
+    assert written.t > 0 and read_history(tmp_path)[0].t == written.t
+
+
+def test_a_history_written_before_the_records_were_typed_reads(tmp_path):
+    """Lines as the harness wrote them with History.add("harness", "fault", **record): the nemesis's
+    account flattened in, optional keys left out."""
+    old = [
+        {"t": 1.0, "source": "harness", "kind": "launch", "launch": 0, "world_size": 2, "pid": 7, "mode": "harness",
+         "probe": True},
+        {"t": 2.0, "source": "probe", "kind": "ckpt.shard.write", "rank": 1, "pid": 8, "launch": 0,
+         "info": {"fraction": 0.5}},
+        {"t": 3.0, "source": "harness", "kind": "fault", "index": 0, "fault": "corrupt", "target": "triggering",
+         "launch": 0, "at": {"point": "step.begin", "rank": 0, "info": {}}, "checkpoint": "step_00000004",
+         "files": ["__0_0.distcp: deleted"]},
+        {"t": 4.0, "source": "harness", "kind": "exit", "launch": 0, "rc": None, "deadline_hit": True,
+         "grace_expired": [], "snapshot": SNAPSHOT},
+    ]
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(x) + "\n" for x in old) + '{"t": 5.0, "sou')
+    launch, probe, fault, exit_ = read_history(tmp_path)  # the torn last line is ignored
+    assert probe.point == "ckpt.shard.write" and probe.role == "rank" and probe.info == {"fraction": 0.5}
+    assert fault.detail == {"checkpoint": "step_00000004", "files": ["__0_0.distcp: deleted"]}
+    assert fault.snapshot_before is None and fault.remote_after is None
+    assert exit_.rc is None and exit_.remote is None and exit_.deadline_hit
+
+
+@pytest.mark.parametrize("line, words", [
+    ({"t": 1.0, "source": "harness", "kind": "exit", "launch": 0}, "harness record 'exit' lacks rc, snapshot"),
+    ({"t": 1.0, "source": "harness", "kind": "coffee"}, "not a history record (source 'harness', kind 'coffee')"),
+    ({"t": 1.0, "kind": "launch"}, "not a history record (source None"),
+])
+def test_a_line_that_is_no_record_names_the_file_and_line(tmp_path, line, words):
+    ok = {"t": 0.5, "source": "harness", "kind": "error", "error": "x"}
+    (tmp_path / "history.jsonl").write_text(json.dumps(ok) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(HistoryError) as e:
+        read_history(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'history.jsonl'}:2: ")
+    assert words in str(e.value)
+
+
+def test_the_verdict_is_the_worst_check_and_not_applicable_counts_as_nothing():
+    report = Report()
+    report.add("no_hang", True, "ended in time")
+    report.add("detected", "n/a", "resumed from a newer one", fault=1)
+    assert report.verdict == "pass" and report.reason == ""
+    report.add("detected_in_time", "unknown", "not measured")
+    assert report.verdict == "unknown" and report.reason == "detected_in_time: not measured (could not tell)"
+    report.add("committed_survives", False, "lost", at=0)
+    assert report.verdict == "fail"
+    assert Report(checks=[c for c in report.checks if c.verdict == "n/a"]).verdict == "pass"
+    with pytest.raises(AssertionError):
+        report.add("x", "maybe", "")
+
+
+def test_a_check_carries_what_it_is_about_as_fields():
+    report = Report()
+    report.add("surfaced", False, "swallowed", fault=2)
+    report.add("committed_survives", True, "kept", at=1)
+    report.add("remote_durable_complete", True, "complete", at="fault_0", fault=0)
+    report.add("trajectory", True, "identical")
+    got = [(c.name, c.check, c.fault, c.at) for c in report.checks]
+    assert got == [("fault_2_surfaced", "fault_surfaced", 2, None),
+                   ("committed_survives@1", "committed_survives", None, "1"),
+                   ("remote_durable_complete@fault_0", "remote_durable_complete", 0, "fault_0"),
+                   ("trajectory", "trajectory", None, None)]
