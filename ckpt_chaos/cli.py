@@ -252,7 +252,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_ckpts(args: argparse.Namespace) -> int:
     """List the checkpoints of a run directory (or a checkpoint directory) and whether each validates."""
-    from reference_trainer.checkpoint import LATEST, describe
+    from ckpt_chaos.probe.layout import LATEST, describe
 
     root = Path(args.dir)
     if (root / "checkpoints").is_dir():

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
 from ckpt_chaos import probe
 
-from .layout import (  # noqa: F401  (re-exported: the directory layout is part of this module's API)
+from ckpt_chaos.probe.layout import (  # noqa: F401  (re-exported: the directory layout is part of this module's API)
     MANIFEST, LATEST, TMP_PREFIX, TRASH_PREFIX, REJECTED, FORMAT,
     ResumeChoice, checkpoint_name, choose_resume, describe, fsync_path, list_checkpoints,
     parse_name, quarantine, read_manifest, remove_tree, sha256_file, validate,

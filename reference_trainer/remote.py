@@ -53,7 +53,7 @@ from urllib.parse import urlparse
 from ckpt_chaos import probe
 from ckpt_chaos.probe import ENV_ROLE  # the probe reports the uploader's events with role "uploader"
 
-from . import layout as ck
+from ckpt_chaos.probe import layout as ck
 
 UPLOADER_MODULE = "reference_trainer.remote"
 UPLOAD_PREFIX = ".upload-"  # hard links of a checkpoint being uploaded  # a trainer built on this one may run its own

@@ -344,7 +344,7 @@ def _resume_choice(run: Run, report: Report) -> None:
 
 
 def _newest(*names: str | None) -> str | None:
-    from reference_trainer.checkpoint import parse_name
+    from ckpt_chaos.probe.layout import parse_name
 
     found = [n for n in names if n]
     return max(found, key=parse_name) if found else None
@@ -522,7 +522,7 @@ def _final_directory(run: Run, report: Report) -> None:
     keep_every = int(run.s.trainer.get("keep_every", 0) or 0)
     keep_best = bool(run.s.trainer.get("keep_best", False))
     names = sorted(snap["checkpoints"])
-    from reference_trainer.checkpoint import parse_name
+    from ckpt_chaos.probe.layout import parse_name
 
     def milestone(n: str) -> bool:
         step, micro = parse_name(n)

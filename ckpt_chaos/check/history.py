@@ -263,7 +263,7 @@ def of(records: list[Record], cls: type[R], launch: int | None = None) -> list[R
 def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:
     """What a resume would find in a checkpoint directory right now, validated independently of the
     trainer's own choice: each checkpoint and why it is invalid (None: valid), `latest`, strays."""
-    from reference_trainer.checkpoint import LATEST, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, validate
+    from ckpt_chaos.probe.layout import LATEST, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, validate
 
     root = Path(root)
     if not root.is_dir():

@@ -142,7 +142,7 @@ def snapshot(endpoint: str, url: str) -> dict:
     """The remote tier under ``url`` right now, checked by the harness: ``checkpoints`` maps each
     durable checkpoint to why it is not complete (None: every object matches its manifest),
     ``partial`` lists names with objects but no manifest (uploads that never became durable)."""
-    from reference_trainer.checkpoint import MANIFEST, parse_name
+    from ckpt_chaos.probe.layout import MANIFEST, parse_name
 
     bucket, _, prefix = url[len("s3://"):].partition("/")
     prefix = prefix.strip("/")

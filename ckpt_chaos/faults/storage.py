@@ -136,7 +136,7 @@ class StorageNemesis(Nemesis):
 
 def corrupt(root: Path, fault: Fault) -> dict:
     """Damage files of a committed checkpoint under ``root`` (read beneath any fault layer)."""
-    from reference_trainer.checkpoint import list_checkpoints
+    from ckpt_chaos.probe.layout import list_checkpoints
 
     p = fault.params
     ckpts = list_checkpoints(root)

@@ -1,8 +1,17 @@
-"""What a checkpoint directory holds, and how to tell a complete checkpoint from a torn one.
+"""The checkpoint layout contract: what a checkpoint directory holds, and how to tell a complete
+checkpoint from a torn one.
 
-Names, the manifest, durable small writes, validation, the resume choice and quarantine: plain
-files and no torch, so that the uploader process and the harness read checkpoints without
-importing a training stack. ``checkpoint.py`` writes checkpoints (DCP) on top of this.
+A trainer writes by it (the reference trainer's ``checkpoint.py`` writes DCP checkpoints on top of
+it) and the harness reads by it (snapshots, checks, ``ckpt-chaos ckpts``, the corrupt fault), so
+neither reaches into the other. Names, the manifest, durable small writes, validation, the resume
+choice and quarantine: plain files and no torch, so that the uploader process and the harness read
+checkpoints without importing a training stack. It sits beside the probe because it is the other
+half of what a trainer shares with the harness.
+
+Contract: ``<root>/step_NNNNNNNN[.MMM]/`` holds the checkpoint's files and ``manifest.json`` (files,
+sizes, SHA-256, step, world size, config hash, format); such a directory exists only once every
+file in it is durable (written in ``.tmp-<name>/`` and renamed); ``<root>/latest`` names the newest
+committed checkpoint; ``rejected/`` holds quarantined ones with the reason.
 """
 
 from __future__ import annotations
