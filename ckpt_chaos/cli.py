@@ -231,6 +231,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Re-run the checkers over a stored scenario run, without running anything."""
+    from ckpt_chaos.check.history import HistoryError
     from ckpt_chaos.report import results
     from ckpt_chaos.run.runner import evaluate
     from ckpt_chaos.scenario import load
@@ -240,7 +241,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir}: holds no scenario.toml; give a scenario run directory such as "
                          "reports/default/latest/kill-rank1-mid-shard-write")
     s = load(run_dir / "scenario.toml")
-    row = results.scenario_row(evaluate(s, run_dir, (run_dir / "golden").resolve()), s, write=False)
+    try:
+        row = results.scenario_row(evaluate(s, run_dir, (run_dir / "golden").resolve()), s, write=False)
+    except HistoryError as e:
+        raise UsageError(str(e)) from None
     code = EXIT_FAILED if results.failed(row) else EXIT_OK
     if args.json:
         _json_out({**results.stamp(), "exit_status": code, **row})

@@ -126,3 +126,15 @@ def test_check_json_rechecks_a_stored_run(suite_run):
     assert any(c["name"] == "trajectory" and c["verdict"] == "fail" for c in data["checks"])
     text = cli("check", str(run_dir), cwd=project)
     assert text.stdout.splitlines()[-1].startswith("verdict: xfail (known failure: trajectory:")
+
+
+def test_check_of_a_damaged_history_names_the_file_and_line(tmp_path):
+    from ckpt_chaos.config import builtin_scenarios
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "scenario.toml").write_text((builtin_scenarios() / "process" / "kill-rank1-mid-shard-write.toml").read_text())
+    (run / "history.jsonl").write_text('{"source": "harness", "kind": "launch", "t": 1.0}\n')
+    out = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "check", str(run)], capture_output=True, text=True)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "history.jsonl:1" in out.stderr and "Traceback" not in out.stderr, out.stderr
