@@ -126,7 +126,7 @@ def test_wheel_runs_a_scenario_from_an_unrelated_directory(fresh, tmp_path):
 @pytest.mark.slow
 def test_a_scenario_needing_a_missing_extra_is_skipped_with_one_line(fresh, tmp_path):
     python, _, env = fresh
-    line = f"needs the 'storage' extra: pip install 'ckpt-chaos[storage]'"
+    line = "needs the 'storage' extra: pip install 'ckpt-chaos[storage]'"
     said = subprocess.run([str(python), "-c", "from ckpt_chaos.extras import missing_extra; "
                            "print(missing_extra('storage')); print(missing_extra('search'))"],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
