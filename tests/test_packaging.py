@@ -94,6 +94,7 @@ def fresh(tmp_path_factory):
     return python, site, clean
 
 
+@pytest.mark.slow
 def test_wheel_runs_a_scenario_from_an_unrelated_directory(fresh, tmp_path):
     python, site, env = fresh
     bin_dir = python.parent
@@ -122,9 +123,10 @@ def test_wheel_runs_a_scenario_from_an_unrelated_directory(fresh, tmp_path):
     assert _site_listing(site) == before, "the run wrote under site-packages"
 
 
+@pytest.mark.slow
 def test_a_scenario_needing_a_missing_extra_is_skipped_with_one_line(fresh, tmp_path):
     python, _, env = fresh
-    line = f"needs the 'storage' extra: pip install 'ckpt-chaos[storage]'"
+    line = "needs the 'storage' extra: pip install 'ckpt-chaos[storage]'"
     said = subprocess.run([str(python), "-c", "from ckpt_chaos.extras import missing_extra; "
                            "print(missing_extra('storage')); print(missing_extra('search'))"],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
@@ -148,6 +150,7 @@ def test_missing_extra_names_the_extra_only_when_a_module_is_absent(monkeypatch)
         missing_extra("gpu")
 
 
+@pytest.mark.slow
 def test_the_core_imports_and_runs_without_any_extra(tmp_path):
     """With every extra's modules made unimportable, the runner imports and a process scenario
     passes; each extra then reports itself missing."""
