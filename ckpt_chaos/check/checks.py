@@ -64,7 +64,8 @@ class Report:
         """Record a check: ``verdict`` True/False for pass/fail, or one of VERDICTS."""
         if isinstance(verdict, bool):
             verdict = "pass" if verdict else "fail"
-        assert verdict in VERDICTS, verdict
+        if verdict not in VERDICTS:  # not an assert: a typo must not pass under python -O
+            raise ValueError(f"check {check}: verdict {verdict!r} is none of {', '.join(VERDICTS)}")
         if at is not None:
             name, identity = f"{check}@{at}", check
         elif fault is not None:
