@@ -222,7 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if r["verdict"] == "xpass":
             console.print(f"  {r['reason']}", markup=False, highlight=False, soft_wrap=True)
         for c in r["checks"]:
-            if c["verdict"] == "fail":
+            if c["verdict"] in ("fail", "unknown"):
                 console.print(f"  {c['name']}: {c['detail'][:500]}", markup=False, highlight=False, soft_wrap=True)
     if code == EXIT_CANNOT_RUN:
         console.print(f"[red]--strict: {len(skipped)} scenario(s) could not run on this machine[/]")
