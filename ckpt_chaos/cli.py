@@ -18,17 +18,7 @@ from functools import cache
 from pathlib import Path
 
 from ckpt_chaos import __version__, config
-
-try:
-    from ckpt_chaos.extras import missing_extra
-except ImportError:  # ckpt_chaos/extras.py is the packaging's; this covers the two extras the CLI asks about
-    def missing_extra(name: str) -> str | None:
-        import importlib.util
-
-        module = {"search": "hypothesis", "report": "matplotlib"}.get(name)
-        if module is None or importlib.util.find_spec(module) is not None:
-            return None
-        return f"needs the {name!r} extra ({module} is not installed): pip install 'ckpt-chaos[{name}]'"
+from ckpt_chaos.extras import missing_extra
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
