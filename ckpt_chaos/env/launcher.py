@@ -1,4 +1,11 @@
-"""Launch a training job under the real elastic launcher, and make sure it is gone afterwards.
+"""Launch a training job, and make sure it is gone afterwards.
+
+Two launchers start the ranks of a single-host job. ``torchrun`` (``torch.distributed.run``) is the
+real elastic launcher; scenarios that test its own behaviour (``--max-restarts``, a rendezvous
+through the harness's store proxy) always use it. Otherwise the ranks are forked from a spare
+``ckpt_chaos.env.agent`` that has torch imported already and supervises them as torchrun does: the
+same environment, the same SIGTERM-then-SIGKILL teardown, the same exit statuses, in a fraction of
+the start-up time. ``CKPT_CHAOS_LAUNCHER=torchrun`` makes every launch use torchrun.
 
 torchrun starts each worker in a session of its own, and a worker whose torchrun died keeps
 running. So every process of a job carries an environment marker (``CKPT_CHAOS_JOB``) and
@@ -11,12 +18,15 @@ ckpt-chaos and the trainer are installed (``worker_pythonpath``).
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import json
 import os
 import signal
 import site
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,6 +38,8 @@ import psutil
 from ckpt_chaos.probe import ENV_CONTROLLER
 
 JOB_MARKER = "CKPT_CHAOS_JOB"
+ENV_LAUNCHER = "CKPT_CHAOS_LAUNCHER"
+LAUNCHERS = ("agent", "torchrun")
 
 
 # ---- where the workers' code comes from ------------------------------------------------------------
@@ -126,6 +138,10 @@ class Job:
     def workers(self) -> list[psutil.Process]:
         return [p for p in job_processes(self.marker) if p.pid != self.popen.pid]
 
+    def rank_pids(self) -> dict[int, int]:
+        """rank -> pid, where the launcher says so (torchrun does not: read ``RANK`` of ``workers()``)."""
+        return {}
+
     def kill(self) -> None:
         """SIGKILL every process of the job (launcher and workers), then reap torchrun."""
         for _ in range(3):
@@ -158,21 +174,40 @@ def _term_when_parent_dies() -> None:
         pass
 
 
+def chosen_launcher(max_restarts: int = 0, rendezvous: str | None = None, launcher: str | None = None) -> str:
+    """``torchrun`` where the launch tests torchrun's own behaviour or the user asks for it, else ``agent``."""
+    if max_restarts > 0 or rendezvous is not None:
+        return "torchrun"
+    chosen = launcher or os.environ.get(ENV_LAUNCHER) or "agent"
+    if chosen not in LAUNCHERS:
+        raise ValueError(f"{ENV_LAUNCHER}={chosen!r}: use one of {', '.join(LAUNCHERS)}")
+    return chosen
+
+
+def _base_env(module: str) -> dict[str, str]:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": worker_pythonpath(module)}
+    full_env.pop(ENV_CONTROLLER, None)
+    full_env.pop(JOB_MARKER, None)
+    return full_env
+
+
 def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = "reference_trainer",
            controller: str | None = None, max_restarts: int = 0, env: dict[str, str] | None = None,
-           log_name: str = "torchrun.log", rendezvous: str | None = None, rdzv_id: str = "none") -> Job:
-    """Start ``torchrun --standalone --nproc_per_node N -m MODULE ARGS`` with its output in run_dir.
+           log_name: str = "torchrun.log", rendezvous: str | None = None, rdzv_id: str = "none",
+           launcher: str | None = None) -> Job:
+    """Start ``python -m MODULE ARGS`` on ``nproc`` ranks with the launcher's output in run_dir.
 
     ``rendezvous`` ("host:port"): instead of a store of its own, torchrun joins the c10d store that
-    already listens there (the harness's, reached through the fault proxy)."""
+    already listens there (the harness's, reached through the fault proxy). ``launcher``: ``agent``
+    or ``torchrun`` (default: ``chosen_launcher``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    marker = uuid.uuid4().hex
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", JOB_MARKER: marker,
-                "PYTHONPATH": worker_pythonpath(module)}
-    full_env.pop(ENV_CONTROLLER, None)
+    extra = dict(env or {})
     if controller:
-        full_env[ENV_CONTROLLER] = controller
-    full_env.update(env or {})
+        extra[ENV_CONTROLLER] = controller
+    if chosen_launcher(max_restarts, rendezvous, launcher) == "agent":
+        return _launch_agent(run_dir, nproc, trainer_args, module, extra, log_name, rdzv_id)
+    marker = uuid.uuid4().hex
+    full_env = {**_base_env(module), JOB_MARKER: marker, **extra}
     where = (["--standalone"] if rendezvous is None else
              ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous}", f"--rdzv-id={rdzv_id}",
               "--rdzv-conf=is_host=false"])
@@ -185,6 +220,166 @@ def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = 
                              start_new_session=True, preexec_fn=_term_when_parent_dies)
     log.close()
     return Job(popen, marker, run_dir / log_name)
+
+
+# ---- the agent launcher: spares with torch imported ---------------------------------------------
+
+def _late(key: str) -> bool:
+    """Variables a rank may receive after the fork: the harness's own per-launch ones. Anything else
+    (LD_PRELOAD for libfiu, AWS_* for the remote tier) must be there when the interpreter starts, so a
+    spare is started with it."""
+    return key.startswith("CKPT_CHAOS_")
+
+
+@dataclass
+class _Spare:
+    popen: subprocess.Popen
+    marker: str
+    status: int  # read end of the agent's status pipe
+    errors: object  # the agent's own stderr until it is given a launch
+
+
+class AgentJob(Job):
+    """A launch whose ranks were forked by ``ckpt_chaos.env.agent``."""
+
+    def __init__(self, spare: _Spare, log_path: Path):
+        super().__init__(spare.popen, spare.marker, log_path)
+        self._status, self._buf, self._ranks = spare.status, b"", {}
+        os.set_blocking(self._status, False)
+
+    def rank_pids(self) -> dict[int, int]:
+        if not self._ranks and self._status >= 0:
+            try:
+                while chunk := os.read(self._status, 65536):
+                    self._buf += chunk
+            except BlockingIOError:
+                pass
+            for line in self._buf.splitlines():
+                msg = json.loads(line)
+                if "ranks" in msg:
+                    self._ranks = {int(r): pid for r, pid in msg["ranks"].items()}
+        return dict(self._ranks)
+
+    def kill(self) -> None:
+        super().kill()
+        self.rank_pids()  # what the agent said before it died stays known
+        if self._status >= 0:
+            os.close(self._status)
+            self._status = -1
+
+
+class _Spares:
+    """One warm agent per (module, start environment, directory), started as the last one is taken:
+    a relaunch, or the next scenario with the same trainer, finds it ready."""
+
+    KEEP = 2  # environments kept warm: the usual one, and one with LD_PRELOAD (libfiu) or AWS_* (remote)
+
+    def __init__(self):
+        self._idle: dict[tuple, _Spare] = {}
+        atexit.register(self.close)
+
+    @staticmethod
+    def _key(module: str, env: dict[str, str]) -> tuple:
+        return module, os.getcwd(), tuple(sorted(env.items()))
+
+    def _start(self, module: str, env: dict[str, str]) -> _Spare:
+        marker = uuid.uuid4().hex
+        r, w = os.pipe()
+        errors = tempfile.TemporaryFile()
+        popen = subprocess.Popen([sys.executable, "-m", "ckpt_chaos.env.agent", module, str(w)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
+                                 env={**env, JOB_MARKER: marker}, pass_fds=(w,), start_new_session=True,
+                                 preexec_fn=_term_when_parent_dies)
+        os.close(w)
+        return _Spare(popen, marker, r, errors)
+
+    def take(self, module: str, env: dict[str, str]) -> _Spare:
+        key = self._key(module, env)
+        spare = self._idle.pop(key, None)
+        if spare is None or spare.popen.poll() is not None:
+            if spare is not None:
+                self._discard(spare)
+            spare = self._start(module, env)
+        while len(self._idle) >= self.KEEP:  # the least recently used environments go cold
+            self._discard(self._idle.pop(next(iter(self._idle))))
+        self._idle[key] = self._start(module, env)
+        return spare
+
+    def prewarm(self, module: str, env: dict[str, str], wait: bool) -> None:
+        key = self._key(module, env)
+        spare = self._idle.get(key)
+        if spare is None or spare.popen.poll() is not None:
+            if spare is not None:
+                self._discard(spare)
+            spare = self._idle[key] = self._start(module, env)
+        if wait:
+            import select
+
+            buf = b""
+            while not buf.endswith(b"\n"):
+                if not select.select([spare.status], [], [], 120)[0]:
+                    raise RuntimeError(f"the launcher agent for {module} was not ready after 120 s")
+                chunk = os.read(spare.status, 4096)
+                if not chunk:
+                    spare.errors.seek(0)
+                    raise RuntimeError(f"the launcher agent for {module} died while importing:\n"
+                                       + spare.errors.read().decode(errors="replace")[-3000:])
+                buf += chunk
+
+    @staticmethod
+    def _discard(spare: _Spare) -> None:
+        spare.popen.kill()
+        spare.popen.wait()
+        os.close(spare.status)
+        spare.errors.close()
+
+    def close(self) -> None:
+        while self._idle:
+            self._discard(self._idle.popitem()[1])
+
+
+_spares: _Spares | None = None
+
+
+def close_spares() -> None:
+    """Stop the warm agents (also done at exit)."""
+    if _spares is not None:
+        _spares.close()
+
+
+def _spares_pool() -> _Spares:
+    global _spares
+    if _spares is None:
+        _spares = _Spares()
+    return _spares
+
+
+def prewarm(module: str = "reference_trainer", env: dict[str, str] | None = None, wait: bool = False) -> None:
+    """Start a spare agent for ``module`` now, so that the next launch with the same start
+    environment finds torch imported (``wait``: return once it is)."""
+    start_env = {**_base_env(module), **{k: v for k, v in (env or {}).items() if not _late(k)}}
+    _spares_pool().prewarm(module, start_env, wait)
+
+
+def _launch_agent(run_dir: Path, nproc: int, trainer_args: list[str], module: str, extra: dict[str, str],
+                  log_name: str, rdzv_id: str) -> AgentJob:
+    start_env = {**_base_env(module), **{k: v for k, v in extra.items() if not _late(k)}}
+    spare = _spares_pool().take(module, start_env)
+    log_path = run_dir / log_name
+    with open(log_path, "ab") as log:
+        log.write(f"$ [ckpt-chaos agent, pid {spare.popen.pid}] python -m {module} {' '.join(trainer_args)} "
+                  f"(x{nproc})\n".encode())
+    spec = {"nproc": nproc, "module": module, "argv": trainer_args, "log": str(log_path), "run_id": rdzv_id,
+            "env": {k: v for k, v in extra.items() if _late(k)}}
+    try:
+        spare.popen.stdin.write((json.dumps(spec) + "\n").encode())
+        spare.popen.stdin.close()
+    except BrokenPipeError:
+        spare.errors.seek(0)
+        raise RuntimeError(f"the launcher agent for {module} died before its launch (exit {spare.popen.wait()}):\n"
+                           + spare.errors.read().decode(errors="replace")[-3000:]) from None
+    spare.errors.close()
+    return AgentJob(spare, log_path)
 
 
 def run_to_end(run_dir: Path, nproc: int, trainer_args: list[str], timeout: float = 300, **kwargs) -> int:

@@ -127,16 +127,41 @@ def _connect() -> _Controller | None:
     return _Controller(address)
 
 
-_controller: _Controller | None = _connect()
+_controller: _Controller | None = None
+_controller_pid: int | None = None
+_connecting = threading.Lock()
+
+
+def _this_process() -> _Controller | None:
+    """The controller connection of this process, made at its first probe point: a process forked
+    from one that imported the probe (a rank forked by the launcher agent, a data loader worker)
+    reads its own environment and gets its own connection, never its parent's."""
+    global _controller, _controller_pid
+    pid = os.getpid()
+    if _controller_pid != pid:
+        with _connecting:
+            if _controller_pid != pid:
+                _controller = _connect()
+                _controller_pid = pid
+    return _controller
+
+
+def _after_fork_in_child() -> None:
+    global _connecting
+    _connecting = threading.Lock()  # another thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def point(name: str, /, **info) -> None:
     """Report that this process reached the named point; returns when the controller says so."""
-    if _controller is None:
+    controller = _this_process()
+    if controller is None:
         return
-    _controller.report(name, info)
+    controller.report(name, info)
 
 
 def active() -> bool:
     """True when a controller is listening (lets callers skip work done only for the probe)."""
-    return _controller is not None
+    return _this_process() is not None

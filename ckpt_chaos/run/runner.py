@@ -13,6 +13,7 @@ the way out, whether the scenario passed, failed, hit its deadline or was interr
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -95,10 +96,10 @@ def _code_hash(module: str) -> str:
 
 
 def golden_key(module: str, cfg: dict, world_size: int) -> str:
-    import torch
-
+    # torch's version from its metadata: importing torch here would cost the harness a second
     blob = json.dumps({"module": module, "cfg": cfg, "world_size": world_size, "code": _code_hash(module),
-                       "torch": torch.__version__, "python": platform.python_version()}, sort_keys=True)
+                       "torch": importlib.metadata.version("torch"), "python": platform.python_version()},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -309,7 +310,9 @@ class ChaosRun:
             if log is not None and self.process.stopped:
                 offset = self._reap_stopped(log, offset)
             with self.lock:
-                if not self.s.probe:  # no events tell us the ranks' pids: read them from the processes
+                if not self.s.probe:  # no events tell us the ranks' pids: the launcher's, or the processes'
+                    for rank, pid in job.rank_pids().items():
+                        self.pids.setdefault(rank, pid)
                     for proc in job.workers():
                         try:
                             rank = proc.environ().get("RANK")

@@ -1,0 +1,113 @@
+"""The forking launcher agent behaves as torchrun does where scenarios can tell: what each rank is
+given, exit statuses, the teardown of a failed job, a preemption notice; and the probe of a forked
+rank reports on its own connection."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ckpt_chaos.env import launcher
+from ckpt_chaos.env.agent import _entry_imports
+
+LAUNCHERS = ("torchrun", "agent")
+
+
+def start(tmp_path: Path, how: str, action: str, **kw) -> launcher.Job:
+    return launcher.launch(tmp_path, 2, [str(tmp_path), action], module="tests.launch_target", launcher=how,
+                           env={"CKPT_CHAOS_ATTEMPT": "3"}, **kw)
+
+
+def ranks(tmp_path: Path) -> list[dict]:
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def wait_for(path: Path, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", LAUNCHERS)
+def test_each_rank_gets_torchruns_environment_and_a_session_of_its_own(tmp_path, how):
+    job = start(tmp_path, how, "collective")
+    try:
+        assert job.wait(120) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    finally:
+        job.kill()
+    seen = ranks(tmp_path)
+    for r, rank in enumerate(seen):
+        env = rank["env"]
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (str(r), str(r), "2", "2")
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True" and env["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert env["OMP_NUM_THREADS"] == "1" and env["CKPT_CHAOS_ATTEMPT"] == "3"
+        assert rank["argv"] == [str(tmp_path), "collective"] and rank["sid_is_pid"]
+    assert [(tmp_path / f"sum{r}").read_text() for r in (0, 1)] == ["3.0", "3.0"]
+    if how == "agent":
+        assert job.rank_pids() == {0: seen[0]["pid"], 1: seen[1]["pid"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", LAUNCHERS)
+def test_a_failed_rank_gets_its_peers_closed_and_the_job_exits_1(tmp_path, how):
+    job = start(tmp_path, how, "fail")
+    try:
+        rc = job.wait(120)
+    finally:
+        job.kill()
+    log = (tmp_path / "torchrun.log").read_text()
+    assert rc == 1, log[-3000:]
+    peer = ranks(tmp_path)[0]["pid"]
+    assert f"Sending process {peer} closing signal SIGTERM" in log  # what the runner reads to reap stopped ranks
+    assert (tmp_path / "term0").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", LAUNCHERS)
+def test_sigterm_to_the_launcher_reaches_the_ranks_and_the_job_exits_1(tmp_path, how):
+    job = start(tmp_path, how, "term")
+    try:
+        for r in (0, 1):
+            wait_for(tmp_path / f"rank{r}.json")
+        job.signal(signal.SIGTERM)
+        rc = job.wait(120)
+    finally:
+        job.kill()
+    assert rc == 1, (tmp_path / "torchrun.log").read_text()[-3000:]
+    assert (tmp_path / "term0").exists() and (tmp_path / "term1").exists()
+
+
+@pytest.mark.slow
+def test_kill_leaves_no_process_of_the_job(tmp_path):
+    job = start(tmp_path, "agent", "term")
+    for r in (0, 1):
+        wait_for(tmp_path / f"rank{r}.json")
+    pids = [r["pid"] for r in ranks(tmp_path)] + job.launcher_pids()
+    job.kill()
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not launcher.job_processes(job.marker)
+
+
+def test_the_agent_warms_what_the_trainers_entry_file_imports_even_inside_functions():
+    names = _entry_imports("reference_trainer")
+    # reference_trainer.__main__ imports .train inside main(), and train imports torch and torchdata
+    assert "reference_trainer.train" in names and "torch" in names and "torchdata.stateful_dataloader" in names
+
+
+def test_launches_that_test_torchrun_itself_keep_torchrun(monkeypatch):
+    monkeypatch.delenv(launcher.ENV_LAUNCHER, raising=False)
+    assert launcher.chosen_launcher() == "agent"
+    assert launcher.chosen_launcher(max_restarts=2) == "torchrun"
+    assert launcher.chosen_launcher(rendezvous="127.0.0.1:29500") == "torchrun"
+    monkeypatch.setenv(launcher.ENV_LAUNCHER, "torchrun")
+    assert launcher.chosen_launcher() == "torchrun"
+    monkeypatch.setenv(launcher.ENV_LAUNCHER, "mpirun")
+    with pytest.raises(ValueError, match="CKPT_CHAOS_LAUNCHER='mpirun': use one of agent, torchrun"):
+        launcher.chosen_launcher()
