@@ -1,11 +1,17 @@
 """The suites: ``full`` holds every scenario (nightly), whatever its file says; ``default`` is what
-CI runs."""
+CI runs. What a suite covers is judged from the scenario files and the code
+(ckpt_chaos/check/coverage.py)."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
+import pytest
+
+from ckpt_chaos.check import coverage
+from ckpt_chaos.check.checks import Report
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.scenario import FULL_SUITE, Scenario, catalogue
 from tests.test_cli import cli
@@ -17,6 +23,47 @@ REGRESSIONS = builtin_scenarios() / "regressions"
 
 def _in_regressions(s: Scenario) -> bool:
     return Path(s.source).resolve().is_relative_to(REGRESSIONS)
+
+
+def _lines(items, full: dict) -> str:
+    return "\n".join(f"  {axis} {name}: " + (f"covered in the catalogue by {', '.join(sorted(full[(axis, name)]))}"
+                                            if (axis, name) in full else "covered by no scenario of the catalogue")
+                     for axis, name in sorted(items))
+
+
+@pytest.mark.parametrize("call,name", [('report.add("x", True, "d")', "x"),
+                                       ('report.add("x", True, "d", fault=0)', "fault_x"),
+                                       ('report.add("x", True, at=1, fault=0, detail="d")', "x")])
+def test_check_names_are_read_from_the_source_as_report_add_names_them(call, name):
+    assert coverage._added(ast.parse(call), "t.py") == {name}
+    report = Report()
+    exec(call, {"report": report})
+    assert report.checks[0].check == name
+
+
+def test_a_check_name_the_source_does_not_spell_out_is_refused():
+    with pytest.raises(ValueError, match="t.py:1: report.add whose check name is not a string literal"):
+        coverage._added(ast.parse('report.add(f"x{i}", True, "d")'), "t.py")
+
+
+def test_the_checks_read_from_the_source_include_the_checkers_and_the_kinds():
+    emitted = coverage.emitted_checks()
+    assert {"trajectory", "fault_job_failed", "committed_survives", "upload_stall"} <= set(emitted)
+    assert emitted["fault_surfaced"] == ["kind disk_full", "kind errno"]
+    assert coverage.kind_checks()["corrupt"] == {"fault_detected"}
+
+
+def test_every_check_has_a_rule_for_when_it_gives_a_verdict():
+    missing = coverage.unruled_checks()
+    assert not missing, ("checks with no rule in ckpt_chaos/check/coverage.py (APPLIES, or APPLIES_TO_FAULT for a "
+                         "kind's check) saying when they give a verdict, so no suite can be held to cover them: "
+                         + ", ".join(f"{c} ({'; '.join(coverage.emitted_checks()[c])})" for c in missing))
+
+
+def test_the_catalogue_covers_every_family_kind_check_and_backend():
+    full = coverage.coverage(CATALOGUE)
+    missing = coverage.universe(CATALOGUE) - set(full)
+    assert not missing, "no scenario of the catalogue exercises:\n" + _lines(missing, full)
 
 
 def test_every_scenario_is_in_the_full_suite_and_every_regression_in_default():
