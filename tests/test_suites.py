@@ -1,6 +1,6 @@
-"""The suites: ``full`` holds every scenario (nightly), whatever its file says; ``default`` is what
-CI runs. What a suite covers is judged from the scenario files and the code
-(ckpt_chaos/check/coverage.py)."""
+"""The suites: ``full`` holds every scenario (nightly); ``default`` (CI) covers every fault family,
+fault kind, check and setup at least once, judged from the scenario files and the code
+(ckpt_chaos/check/coverage.py), and holds nothing the rest of it already covers."""
 
 from __future__ import annotations
 
@@ -64,6 +64,27 @@ def test_the_catalogue_covers_every_family_kind_check_and_backend():
     full = coverage.coverage(CATALOGUE)
     missing = coverage.universe(CATALOGUE) - set(full)
     assert not missing, "no scenario of the catalogue exercises:\n" + _lines(missing, full)
+
+
+def test_the_default_suite_covers_every_family_kind_check_and_setup():
+    full = coverage.coverage(CATALOGUE)
+    missing = coverage.universe(CATALOGUE) - set(coverage.coverage(DEFAULT))
+    assert not missing, ("the default suite does not exercise the following; put a scenario that does in it "
+                         "(drop `suites = [\"full\"]` from its file):\n" + _lines(missing, full))
+
+
+def test_every_scenario_of_the_default_suite_covers_something_no_other_one_does():
+    """Keeps CI short: a scenario joins default for what it alone exercises there (a regression
+    the search found joins it regardless, until it is fixed)."""
+    redundant = []
+    for s in DEFAULT:
+        if _in_regressions(s):
+            continue
+        rest = set(coverage.coverage([o for o in DEFAULT if o is not s]))
+        if coverage.items_of(s) <= rest:
+            redundant.append(s.name)
+    assert not redundant, ("these default scenarios exercise nothing the rest of the default suite does not: "
+                           f"{', '.join(redundant)}; write `suites = [\"full\"]` in their files (the nightly suite)")
 
 
 def test_every_scenario_is_in_the_full_suite_and_every_regression_in_default():
