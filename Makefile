@@ -45,9 +45,11 @@ test: setup
 	$(PY) -m pytest -n 2 tests toxiproxy_server/tests
 
 # CHAOS_FLAGS=--strict (CI): a scenario this machine cannot run fails the suite instead of skipping.
+# CHAOS_SUITE=full (nightly): every scenario, not only the default suite's.
+CHAOS_SUITE ?= default
 chaos: setup
-	$(VENV)/bin/ckpt-chaos run --suite default $(CHAOS_FLAGS)
-	@if command -v chromium >/dev/null; then $(VENV)/bin/ckpt-chaos report reports/default/latest --no-plots --browser; \
+	$(VENV)/bin/ckpt-chaos run --suite $(CHAOS_SUITE) $(CHAOS_FLAGS)
+	@if command -v chromium >/dev/null; then $(VENV)/bin/ckpt-chaos report reports/$(CHAOS_SUITE)/latest --no-plots --browser; \
 	else echo "WARNING: no chromium here: the report was not checked in a browser (make setup installs it as root)" >&2; fi
 # Fault-schedule search against the reference trainer: a small fixed budget and seed (CI); a finding
 # fails the target and is kept in the catalogue's regressions folder, where it joins the default

@@ -130,7 +130,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return EXIT_OK
     for s in chosen:
         labels = " ".join(s.labels)
-        print(f"{s.name:<44} [{labels}]  {s.description}")
+        print(f"{s.name:<44} {','.join(s.suites):<13} [{labels}]  {s.description}")
     return EXIT_OK
 
 
@@ -427,9 +427,10 @@ def parser() -> argparse.ArgumentParser:
         c.set_defaults(func=func)
         return c
 
-    def selection(c: argparse.ArgumentParser) -> None:
+    def selection(c: argparse.ArgumentParser, suite: str) -> None:
         c.add_argument("scenario", nargs="*", help="scenario names or files (default: the suite's)")
-        c.add_argument("--suite", default="default", help="suite to take when no scenario is named")
+        c.add_argument("--suite", default=suite, help=f"suite to take when no scenario is named (default: {suite}; "
+                                                      "full: every scenario)")
         c.add_argument("-k", help="keep scenarios whose name contains this, or that have it as a tag, fault kind "
                                   "or family")
         c.add_argument("--scenarios", action="append", metavar="DIR",
@@ -440,12 +441,12 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("--json", action="store_true",
                        help="machine-readable output on stdout (human output, if any, on stderr)")
 
-    c = command("list", "list scenarios with their labels and descriptions", cmd_list)
-    selection(c)
+    c = command("list", "list scenarios with their suites, labels and descriptions", cmd_list)
+    selection(c, "full")
     json_flag(c)
 
     c = command("run", "run scenarios and check them against a golden run", cmd_run)
-    selection(c)
+    selection(c, "default")
     json_flag(c)
     c.add_argument("--out", metavar="DIR", help=f"output directory: runs and reports go in DIR/reports/<suite>/<time> "
                                                 f"(default: ${config.ENV_OUT}, the project's out, else .)")

@@ -7,7 +7,7 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
 
     description = "rank 1 is SIGKILLed half-way through writing its shard of the 2nd checkpoint"
     tags = ["mid-write"]            # free-form; each becomes a pytest marker
-    suites = ["default"]            # suites this scenario belongs to (default: ["default"])
+    suites = ["default"]            # suites besides "full", which holds every scenario (default: ["default"])
     world_size = 2                  # ranks of the first launch
     trainer_module = "reference_trainer"   # python -m MODULE under torchrun
     probe = true                    # false: no controller; only external points (fs.created) trigger
@@ -111,6 +111,9 @@ RELAUNCH = ("harness", "torchrun", "none")
 BACKENDS = ("local", "docker", "netns")
 TRAJECTORY = ("bit-exact", "tolerance")
 GENERIC_KEYS = ("kind", "when", "target", "attempt")  # every fault's keys; the rest are its kind's (faults/)
+# Every scenario is in this suite, whatever its ``suites`` key says, so that none can drop out of
+# every suite: the nightly run takes it, CI the smaller "default".
+FULL_SUITE = "full"
 
 
 class ScenarioError(ValueError):
@@ -259,6 +262,9 @@ class Scenario:
     recovery: Recovery = field(default_factory=Recovery)
     expect: Expect = field(default_factory=Expect)
     source: str = "<python>"  # the file it came from, for messages
+
+    def __post_init__(self) -> None:
+        self.suites = list(dict.fromkeys([*self.suites, FULL_SUITE]))
 
     @property
     def families(self) -> list[str]:

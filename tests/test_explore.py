@@ -215,7 +215,7 @@ def test_a_failure_shrinks_to_the_fault_that_causes_it_and_is_written_out(tmp_pa
     s = load(f.file)  # the written file is a catalogue scenario
     assert [x.kind for x in s.faults] == ["kill"] and s.faults[0].when.point.startswith("ckpt.")
     # a failure of the reference trainer is a regression: it joins the default suite
-    assert s.suites == ["default"] and s.trainer_module == "reference_trainer"
+    assert s.suites == ["default", "full"] and s.trainer_module == "reference_trainer"
     assert "Reproduce: ckpt-chaos run" in open(f.file).read()
 
 

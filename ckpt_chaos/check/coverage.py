@@ -1,0 +1,249 @@
+"""What a set of scenarios covers: fault families, fault kinds, checks and setups.
+
+The default suite is chosen to cover everything at least once (``tests/test_suites.py`` holds it
+to that), so that the short CI run still exercises every fault kind, every check and every way
+of running a job, and the full suite (every scenario) adds the variations. Coverage is judged
+statically, from the scenario files and the code, without running anything:
+
+* families and kinds: the fault registry's (``ckpt_chaos/faults``);
+* checks: every name the checker can emit, read from the source: each ``report.add("name", ...)``
+  in ``ckpt_chaos/check/checks.py``, and in the exit and effect checks of each fault kind (and the
+  functions of its module they call), named as ``Report.add`` names them (``fault_<name>`` for a
+  check about one fault);
+* a scenario covers a check when the check gives it a real verdict, not n/a. ``APPLIES`` (and
+  ``APPLIES_TO_FAULT`` for the checks of a fault kind) says so for each check, from the scenario's
+  faults and expectations; a check without a rule is reported, so none goes unexercised unnoticed;
+* setups: what the run is built on: the cluster backend, the relaunch mode, the file system, the
+  storage and proxy layers its faults need, a resume at another world size, an unprobed trainer,
+  a remote tier.
+
+A rule claims a verdict only where the checker is sure to give one when the scenario runs as it
+expects; ``benchmarks/suite_cover.py`` compares the rules with the verdicts of a stored run.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from functools import cache
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ckpt_chaos.faults import KINDS, families
+from ckpt_chaos.scenario import BACKENDS, Fault, Scenario
+
+Item = tuple[str, str]  # (axis, name): ("kind", "errno"), ("check", "fault_surfaced"), ("setup", "fs ext4")
+CHECKER = "ckpt_chaos.check.checks"
+
+
+# ---- the checks the code can emit ---------------------------------------------------------------
+
+@cache
+def _module(name: str) -> tuple[str, dict[str, ast.FunctionDef], ast.Module]:
+    path = Path(importlib.import_module(name).__file__)
+    tree = ast.parse(path.read_text())
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    return f"{path.parent.name}/{path.name}", funcs, tree
+
+
+def _added(node: ast.AST, where: str) -> set[str]:
+    """The check names of every ``report.add(...)`` under ``node``, as ``Report.add`` names them."""
+    names = set()
+    for n in ast.walk(node):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "add"
+                and isinstance(n.func.value, ast.Name) and n.func.value.id == "report"):
+            continue
+        first = n.args[0] if n.args else None
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            raise ValueError(f"{where}:{n.lineno}: report.add whose check name is not a string literal: "
+                             "write the name out, so that suite coverage can see it")
+        keys = {k.arg for k in n.keywords}
+        names.add(first.value if "at" in keys or "fault" not in keys else f"fault_{first.value}")
+    return names
+
+
+def _reachable(module: str, func: str) -> set[str]:
+    """Checks added by ``func`` and by the functions of its module it calls, at any depth."""
+    where, funcs, _ = _module(module)
+    seen, todo, names = set(), [func], set()
+    while todo:
+        f = todo.pop()
+        if f in seen or f not in funcs:
+            continue
+        seen.add(f)
+        names |= _added(funcs[f], where)
+        todo += [n.func.id for n in ast.walk(funcs[f]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    return names
+
+
+@cache
+def kind_checks() -> dict[str, frozenset[str]]:
+    """Fault kind -> the checks its exit and effect checks can emit."""
+    return {k.name: frozenset().union(*(_reachable(h.__module__, h.__name__)
+                                        for h in (k.exit_check, k.effect_check) if h is not None))
+            for k in KINDS.values()}
+
+
+@cache
+def emitted_checks() -> dict[str, list[str]]:
+    """Every check name the checker can emit -> where it comes from: the checker, or fault kinds."""
+    where, _, tree = _module(CHECKER)
+    out: dict[str, list[str]] = {name: [where] for name in _added(tree, where)}
+    for kind, names in kind_checks().items():
+        for name in names:
+            out.setdefault(name, []).append(f"kind {kind}")
+    return out
+
+
+# ---- when a check gives a verdict ---------------------------------------------------------------
+
+def _ends_launch(s: Scenario) -> bool:
+    return s.expect.job_fails is True or (s.expect.job_fails is None and any(f.ends_launch for f in s.faults))
+
+
+def _relaunched(s: Scenario) -> bool:
+    """A launch fails and another one follows."""
+    return _ends_launch(s) and s.recovery.relaunch != "none" and s.recovery.max_restarts >= 1
+
+
+def _resumed(s: Scenario) -> bool:
+    """The first relaunch loads a checkpoint (the scenario names it)."""
+    return _relaunched(s) and s.expect.resume_from is not None
+
+
+def _harness_relaunch(s: Scenario) -> bool:
+    """The harness relaunches, with a snapshot of the disk between launches (torchrun takes none)."""
+    return _relaunched(s) and s.recovery.relaunch == "harness"
+
+
+def _lost_work_limit(s: Scenario) -> bool:
+    return (s.expect.max_lost_steps is not None or bool(s.trainer.get("ckpt_every_steps"))
+            or any(f.spec.notice for f in s.faults))
+
+
+def _always(s: Scenario) -> bool:
+    return True
+
+
+# check -> whether a run of the scenario, as it expects to go, gives the check a verdict.
+APPLIES: dict[str, Callable[[Scenario], bool]] = {
+    # Every run: the harness, the job's end, the trajectory, the checkpoints left at the end (the
+    # reference trainer commits checkpoints in every catalogue scenario).
+    "no_hang": _always,
+    "harness_ok": _always,
+    "job_completed": _always,
+    "trajectory": _always,
+    "committed_valid": _always,
+    "no_strays": _always,
+    "retention": _always,
+    "fault_fired": lambda s: bool(s.faults),
+    "final_state": lambda s: s.expect.trajectory == "bit-exact",
+    # The faulted launch fails as the kind says (kinds with an exit check of their own answer instead).
+    "fault_job_failed": lambda s: any(f.spec.exit_check is None and (s.expect.job_fails is not None or f.ends_launch)
+                                      for f in s.faults),
+    "detected_in_time": lambda s: s.expect.detect_within_s is not None and _relaunched(s),
+    # A relaunch, and what it resumed from.
+    "resume_from": _resumed,
+    "loaded_equals_saved": _resumed,
+    "committed_survives": _resumed,
+    "lost_work": lambda s: _relaunched(s) and _lost_work_limit(s),
+    "resumed_newest_valid": _harness_relaunch,
+    "never_loaded_torn": lambda s: _harness_relaunch(s) and s.expect.resume_from is not None,
+    # n/a where a fault damaged the checkpoint `latest` names; none where the disk is gone with it.
+    "latest_valid": lambda s: _resumed(s) and not any(f.spec.damages or f.spec.loses_disk for f in s.faults),
+    # The remote tier.
+    "remote_durable_complete": lambda s: s.remote is not None,
+    "final_durable": lambda s: s.remote is not None,
+    "upload_stall": lambda s: s.remote is not None,
+    "restored_durable": lambda s: s.remote is not None and _relaunched(s)
+                                  and any(f.spec.loses_disk for f in s.faults),
+}
+
+
+def _index(s: Scenario, f: Fault) -> int:
+    return next(i for i, g in enumerate(s.faults) if g is f)  # two faults may be equal
+
+
+def _faults_after(s: Scenario, f: Fault) -> list[Fault]:
+    """The faults of the same launch written after ``f`` (scenarios write them in firing order)."""
+    return [g for g in s.faults[_index(s, f) + 1:] if g.attempt == f.attempt]
+
+
+def _faults_before(s: Scenario, f: Fault) -> list[Fault]:
+    return [g for g in s.faults[:_index(s, f)] if g.attempt == f.attempt]
+
+
+def _errno_injected(s: Scenario, f: Fault) -> bool:
+    """faultfs fails a call, unless a probability decides or an earlier fault made the save fail first."""
+    return (f.params.via == "faultfs" and f.params.probability is None
+            and not any(g.spec.fails_saves for g in _faults_before(s, f)))
+
+
+def _surfaced(s: Scenario, f: Fault) -> bool:
+    if f.kind == "errno":
+        return f.params.via == "libfiu" or _errno_injected(s, f)
+    # disk_full: n/a if no save began on the full disk; one is under way when it fills inside a save.
+    return f.when.point.startswith("ckpt.")
+
+
+# check of a fault kind (``kind_checks``) -> whether that kind's fault ``f`` gets a verdict from it.
+APPLIES_TO_FAULT: dict[str, Callable[[Scenario, Fault], bool]] = {
+    # n/a where a later fault interrupted the emergency save on purpose.
+    "fault_preemption_handled": lambda s, f: not _faults_after(s, f),
+    # n/a where the relaunch resumed from a newer checkpoint than the one corrupted.
+    "fault_detected": lambda s, f: f.params.checkpoint == "newest",
+    "fault_injected": _errno_injected,
+    "fault_surfaced": _surfaced,
+}
+
+
+def checks_of(s: Scenario) -> set[str]:
+    """The checks that give the scenario a verdict (not n/a) when it runs as it expects."""
+    out = {c for c, applies in APPLIES.items() if applies(s)}
+    owned = kind_checks()
+    for f in s.faults:
+        out |= {c for c in owned[f.kind] if c in APPLIES_TO_FAULT and APPLIES_TO_FAULT[c](s, f)}
+    return out
+
+
+def unruled_checks() -> list[str]:
+    """Checks the code can emit that no rule above speaks for."""
+    owned = set().union(*kind_checks().values())
+    return sorted(c for c in emitted_checks() if c not in (APPLIES_TO_FAULT if c in owned else APPLIES))
+
+
+# ---- setups and items ---------------------------------------------------------------------------
+
+def setups_of(s: Scenario) -> set[str]:
+    """What the scenario's run is built on."""
+    out = {f"backend {s.cluster.backend}", f"relaunch {s.recovery.relaunch}", f"fs {s.storage.fs}"}
+    out |= {f"needs {n}" for f in s.faults for n in f.needs}
+    if s.resumed_world_size() != s.world_size:
+        out.add("topology change")
+    if not s.probe:
+        out.add("unprobed trainer")
+    if s.remote is not None:
+        out.add("remote tier")
+    return out
+
+
+def items_of(s: Scenario) -> set[Item]:
+    return ({("family", f) for f in s.families} | {("kind", k) for k in s.kinds}
+            | {("check", c) for c in checks_of(s)} | {("setup", x) for x in setups_of(s)})
+
+
+def universe(catalogue: Iterable[Scenario]) -> set[Item]:
+    """What a suite must cover: every family, kind, check and backend in the code, and every other
+    setup the catalogue uses."""
+    return ({("family", f) for f in families()} | {("kind", k) for k in KINDS}
+            | {("check", c) for c in emitted_checks()} | {("setup", f"backend {b}") for b in BACKENDS}
+            | {("setup", x) for s in catalogue for x in setups_of(s)})
+
+
+def coverage(scenarios: Iterable[Scenario]) -> dict[Item, list[str]]:
+    """Item -> the scenarios that cover it."""
+    out: dict[Item, list[str]] = {}
+    for s in scenarios:
+        for item in items_of(s):
+            out.setdefault(item, []).append(s.name)
+    return out

@@ -1,0 +1,105 @@
+"""The suites: ``full`` holds every scenario (nightly); ``default`` (CI) covers every fault family,
+fault kind, check and setup at least once, judged from the scenario files and the code
+(ckpt_chaos/check/coverage.py), and holds nothing the rest of it already covers."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from ckpt_chaos.check import coverage
+from ckpt_chaos.check.checks import Report
+from ckpt_chaos.config import builtin_scenarios
+from ckpt_chaos.scenario import FULL_SUITE, Scenario, catalogue
+from tests.test_cli import cli
+
+CATALOGUE = catalogue(builtin_scenarios())
+DEFAULT = [s for s in CATALOGUE if "default" in s.suites]
+REGRESSIONS = builtin_scenarios() / "regressions"
+
+
+def _in_regressions(s: Scenario) -> bool:
+    return Path(s.source).resolve().is_relative_to(REGRESSIONS)
+
+
+def _lines(items, full: dict) -> str:
+    return "\n".join(f"  {axis} {name}: " + (f"covered in the catalogue by {', '.join(sorted(full[(axis, name)]))}"
+                                            if (axis, name) in full else "covered by no scenario of the catalogue")
+                     for axis, name in sorted(items))
+
+
+@pytest.mark.parametrize("call,name", [('report.add("x", True, "d")', "x"),
+                                       ('report.add("x", True, "d", fault=0)', "fault_x"),
+                                       ('report.add("x", True, at=1, fault=0, detail="d")', "x")])
+def test_check_names_are_read_from_the_source_as_report_add_names_them(call, name):
+    assert coverage._added(ast.parse(call), "t.py") == {name}
+    report = Report()
+    exec(call, {"report": report})
+    assert report.checks[0].check == name
+
+
+def test_a_check_name_the_source_does_not_spell_out_is_refused():
+    with pytest.raises(ValueError, match="t.py:1: report.add whose check name is not a string literal"):
+        coverage._added(ast.parse('report.add(f"x{i}", True, "d")'), "t.py")
+
+
+def test_the_checks_read_from_the_source_include_the_checkers_and_the_kinds():
+    emitted = coverage.emitted_checks()
+    assert {"trajectory", "fault_job_failed", "committed_survives", "upload_stall"} <= set(emitted)
+    assert emitted["fault_surfaced"] == ["kind disk_full", "kind errno"]
+    assert coverage.kind_checks()["corrupt"] == {"fault_detected"}
+
+
+def test_every_check_has_a_rule_for_when_it_gives_a_verdict():
+    missing = coverage.unruled_checks()
+    assert not missing, ("checks with no rule in ckpt_chaos/check/coverage.py (APPLIES, or APPLIES_TO_FAULT for a "
+                         "kind's check) saying when they give a verdict, so no suite can be held to cover them: "
+                         + ", ".join(f"{c} ({'; '.join(coverage.emitted_checks()[c])})" for c in missing))
+
+
+def test_the_catalogue_covers_every_family_kind_check_and_backend():
+    full = coverage.coverage(CATALOGUE)
+    missing = coverage.universe(CATALOGUE) - set(full)
+    assert not missing, "no scenario of the catalogue exercises:\n" + _lines(missing, full)
+
+
+def test_the_default_suite_covers_every_family_kind_check_and_setup():
+    full = coverage.coverage(CATALOGUE)
+    missing = coverage.universe(CATALOGUE) - set(coverage.coverage(DEFAULT))
+    assert not missing, ("the default suite does not exercise the following; put a scenario that does in it "
+                         "(drop `suites = [\"full\"]` from its file):\n" + _lines(missing, full))
+
+
+def test_every_scenario_of_the_default_suite_covers_something_no_other_one_does():
+    """Keeps CI short: a scenario joins default for what it alone exercises there (a regression
+    the search found joins it regardless, until it is fixed)."""
+    redundant = []
+    for s in DEFAULT:
+        if _in_regressions(s):
+            continue
+        rest = set(coverage.coverage([o for o in DEFAULT if o is not s]))
+        if coverage.items_of(s) <= rest:
+            redundant.append(s.name)
+    assert not redundant, ("these default scenarios exercise nothing the rest of the default suite does not: "
+                           f"{', '.join(redundant)}; write `suites = [\"full\"]` in their files (the nightly suite)")
+
+
+def test_every_scenario_is_in_the_full_suite_and_every_regression_in_default():
+    assert all(FULL_SUITE in s.suites for s in CATALOGUE)
+    assert Scenario(name="x", suites=[]).suites == [FULL_SUITE]
+    assert Scenario(name="x").suites == ["default", FULL_SUITE]
+    assert [s.name for s in CATALOGUE if _in_regressions(s) and "default" not in s.suites] == []
+
+
+def test_list_shows_every_scenario_with_its_suites_and_selects_a_suite(tmp_path):
+    every = json.loads(cli("list", "--json", cwd=tmp_path).stdout)
+    full = json.loads(cli("list", "--json", "--suite", "full", cwd=tmp_path).stdout)
+    default = json.loads(cli("list", "--json", "--suite", "default", cwd=tmp_path).stdout)
+    assert [s["name"] for s in every] == [s["name"] for s in full] == [s.name for s in CATALOGUE]
+    assert [s["name"] for s in default] == [s.name for s in DEFAULT]
+    assert all(s["suites"][-1] == FULL_SUITE for s in every)
+    text = cli("list", "-k", DEFAULT[0].name, cwd=tmp_path).stdout
+    assert text.split()[:2] == [DEFAULT[0].name, "default,full"]
