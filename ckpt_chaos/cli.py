@@ -155,11 +155,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     reports = Path(args.reports) if args.reports else config.out_dir(args.out, _project()) / "reports"
     golden = Path(args.golden_dir) if args.golden_dir else config.golden_dir()
     console = Console(stderr=args.json)
-    plots = missing_extra("report") is None
+    plots = {"all": True, "failed": "failed", "none": False}[args.plots] if missing_extra("report") is None else False
     suite = "custom" if args.scenario else args.suite
     out = results.suite_dir(reports, suite)
     console.print(f"ckpt-chaos: {len(chosen)} scenario(s) of suite [bold]{suite}[/], results in {out}")
-    if not plots:
+    if args.plots != "none" and missing_extra("report") is not None:
         console.print(f"[yellow]no plots in the report: it {missing_extra('report')}[/]")
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rows, started = [], time.monotonic()
@@ -453,6 +453,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--reports", metavar="DIR", help="the reports folder itself (default: OUT/reports)")
     c.add_argument("--golden-dir", metavar="DIR",
                    help=f"cache of fault-free runs (default: ${config.ENV_CACHE}/golden or ~/.cache/ckpt-chaos/golden)")
+    c.add_argument("--plots", choices=("failed", "all", "none"), default="failed",
+                   help="draw the loss and timeline plots of the scenarios that failed (default), of all, or of "
+                        "none; `ckpt-chaos report DIR` draws them all later")
     c.add_argument("--junitxml", metavar="FILE", help="also write JUnit XML: one testcase per scenario, its checks "
                                                       "as text")
     c.add_argument("--strict", action="store_true",

@@ -164,8 +164,9 @@ def table(results: list[dict]) -> list[dict]:
     return out
 
 
-def write(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool = True) -> Path:
-    """Write results.csv, results.json and index.html (with each scenario's plots); returns the HTML path."""
+def write(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool | str = True) -> Path:
+    """Write results.csv, results.json and index.html (with each scenario's plots; ``plots="failed"``:
+    only those of the scenarios that failed); returns the HTML path."""
     out = Path(out)
     tmp = out / ".results.csv.tmp"
     with tmp.open("w", newline="") as fh:
@@ -209,13 +210,13 @@ def write_junit(path: Path, suite: str, results: list[dict], wall_s: float) -> P
     return path
 
 
-def render(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool = True) -> Path:
+def render(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool | str = True) -> Path:
     """index.html from stored results (``ckpt-chaos report`` calls this on an old run)."""
     out = Path(out)
     rows = []
     for r in results:
         run_dir = out / r["scenario"]
-        if plots and run_dir.is_dir():
+        if (plots is True or plots == "failed" and failed(r)) and run_dir.is_dir():
             from ckpt_chaos.report.plots import plot_scenario
 
             made = plot_scenario(run_dir)
