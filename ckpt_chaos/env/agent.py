@@ -99,6 +99,7 @@ def _warm(module: str) -> None:
     import importlib
 
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  (imported on the first call of fully_shard, FSDP2's init: a second)
     import torch.distributed  # noqa: F401
     import torch.distributed.checkpoint  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
