@@ -59,6 +59,8 @@ chaos: setup
 
 # Benchmarks: apart from the tests, several rounds, medians and ratios; figures kept in benchmarks/results.
 bench: setup
+	$(PY) benchmarks/launch_phases.py --rounds 5
+	$(PY) benchmarks/scenario_cost.py --rounds 3 --explore-s 300
 	$(PY) benchmarks/storage_stall.py --rounds 5
 	$(PY) benchmarks/backend_startup.py --rounds 5
 	$(PY) benchmarks/remote_upload.py --rounds 5

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import cluster  # noqa: E402
+from ckpt_chaos.env import cluster  # noqa: E402
 from ckpt_chaos.check.history import trajectory  # noqa: E402
 from ckpt_chaos.env.launcher import launch  # noqa: E402
 from ckpt_chaos.run.runner import trainer_args  # noqa: E402

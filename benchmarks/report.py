@@ -370,7 +370,45 @@ def planted_md(d: dict) -> str:
     return text
 
 
+def _launch_md(d: dict) -> str:
+    phases = ("launcher", "imports", "process group", "model", "resume", "first step", "to first step", "teardown")
+    header = ["launch", "launched by"] + list(phases)
+    rows = []
+    for launch in ("first", "relaunch"):
+        for m, e in d["launchers"].items():
+            cells = [f"{e[launch][p]['s']:.2f} s (×{e[launch][p]['x_import_torch']:.2f})" if p in e[launch] else ""
+                     for p in phases]
+            rows.append([launch if m == "torchrun" else "", m] + cells)
+    ratios = ", ".join(f"{m}: first step × {r['first']:.2f}, relaunch × {r['relaunch']:.2f}"
+                       for m, r in d["agent_over_torchrun"].items())
+    return (f"`python benchmarks/launch_phases.py --rounds {d['rounds']}` ({d['machine']['cpus']} CPUs, Python "
+            f"{d['machine']['python']}): the reference trainer on 2 ranks, a fresh launch killed after its step-4 "
+            f"checkpoint and the relaunch that resumes from it, each launcher in turn, medians of {d['rounds']} "
+            f"rounds of rank 0's phases; in brackets, the ratio to `python -c \"import torch\"` in the same run "
+            f"({d['import_torch_s']:.2f} s). Time to the first (new) step against torchrun: {ratios}.\n\n"
+            + _md(header, rows))
+
+
+def _cost_md(d: dict) -> str:
+    rows = [[m, f"{e['scenario_s']:.1f} s", f"× {e['scenario_x_import_torch']:.1f}",
+             f"{e['explore_schedules_per_min']:.1f}" if "explore_schedules_per_min" in e else ""]
+            for m, e in d["launchers"].items()]
+    r = d["agent_over_torchrun"]
+    return (f"`python benchmarks/scenario_cost.py --rounds {d['rounds']}"
+            + (f" --explore-s {d['launchers']['agent'].get('explore_budget_s')}" if "explore_schedules_per_min" in r
+               else "") +
+            f"` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): `ckpt-chaos run {d['scenario']}` "
+            f"with its golden run cached, a fresh CLI process each time, and a search over process and storage "
+            f"(seed 0), under each launcher in turn, medians of {d['rounds']} rounds; `import torch` took "
+            f"{d['import_torch_s']:.2f} s. Agent against torchrun: scenario × {r['scenario']:.2f}"
+            + (f", schedules a minute × {r['explore_schedules_per_min']:.2f}" if "explore_schedules_per_min" in r
+               else "") + ".\n\n" + _md(["launcher", "one scenario", "× import torch", "search: schedules a minute"],
+                                        rows))
+
+
 TABLES = {
+    "launch_phases": ("Where a launch's time goes", _launch_md),
+    "scenario_cost": ("What one scenario and a search minute cost", _cost_md),
     "checkpoint_overhead": ("What checkpointing costs the reference trainer", overhead_md),
     "soak_goodput": ("Goodput under real failures against the model", soak_md),
     "backend_startup": ("What a multi-node backend adds per launch", backend_md),
