@@ -209,9 +209,11 @@ class ClusterJob:
     log_path: Path
     teardown_s: float
     elastic: bool = False  # torchrun --nnodes=MIN:MAX: a lost node is expected, the rest carry on
+    max_restarts: int = 0  # torchrun's --max-restarts: with none, a failed node's peers can only exit
     started: float = field(default_factory=time.monotonic)
     first_failure: float | None = None
     torn_down: list[int] = field(default_factory=list)  # nodes the orchestrator killed after teardown_s
+    torn_down_after_s: float = 0.0  # how long after the first failure (at once when only frozen nodes are left)
     _pid_cache: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def launcher_pids(self) -> list[int]:
@@ -231,8 +233,15 @@ class ClusterJob:
         if failed:
             now = time.monotonic()
             self.first_failure = self.first_failure or now
-            if now - self.first_failure > self.teardown_s:
+            # A frozen node (docker pause) cannot notice anything: waiting for it changes nothing but
+            # the clock, as with a stopped rank (ProcessNemesis.reap_stopped).
+            frozen = all(a.node in self.cluster.paused for a, c in zip(self.agents, codes) if c is None)
+            # Without restarts, an agent whose job has no rank left has nothing to run: it only waits
+            # on a store it may not reach (an isolated node) until its own timeout.
+            idle = self.max_restarts == 0 and not self.workers()
+            if frozen or idle or now - self.first_failure > self.teardown_s:
                 self.torn_down = [a.node for a in self.agents if a.rc is None]
+                self.torn_down_after_s = now - self.first_failure
                 self.kill()
                 return failed[0]
         return None
@@ -424,7 +433,7 @@ class Cluster:
                 a.pid = a.container.attrs["State"]["Pid"]
         self.killed.clear()
         self.job = ClusterJob(self, agents, marker, self.logs / f"launch{launch_no}-node0.log", self.teardown_s,
-                              elastic=min_world_size is not None)
+                              elastic=min_world_size is not None, max_restarts=max_restarts)
         return self.job
 
     def _start(self, node: int, launch_no: int, cmd: list[str], env: dict[str, str],

@@ -224,11 +224,14 @@ def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = 
 
 # ---- the agent launcher: spares with torch imported ---------------------------------------------
 
+# Variables read when the interpreter, a preloaded library or torch starts: a spare is started
+# with them (LD_PRELOAD and FIU_* for libfiu). Any other variable (the harness's CKPT_CHAOS_*, the
+# remote tier's AWS_*) is read later, by the code that needs it, and is given to a rank after the fork.
+EXEC_TIME = ("LD_", "PYTHON", "FIU_", "OMP_", "MKL_", "MALLOC", "GLIBC", "TORCH", "CUDA", "NCCL", "GLOO")
+
+
 def _late(key: str) -> bool:
-    """Variables a rank may receive after the fork: the harness's own per-launch ones. Anything else
-    (LD_PRELOAD for libfiu, AWS_* for the remote tier) must be there when the interpreter starts, so a
-    spare is started with it."""
-    return key.startswith("CKPT_CHAOS_")
+    return not key.startswith(EXEC_TIME)
 
 
 @dataclass
@@ -272,7 +275,7 @@ class _Spares:
     """One warm agent per (module, start environment, directory), started as the last one is taken:
     a relaunch, or the next scenario with the same trainer, finds it ready."""
 
-    KEEP = 2  # environments kept warm: the usual one, and one with LD_PRELOAD (libfiu) or AWS_* (remote)
+    KEEP = 2  # environments kept warm: the usual one, and one with LD_PRELOAD (libfiu)
 
     def __init__(self):
         self._idle: dict[tuple, _Spare] = {}

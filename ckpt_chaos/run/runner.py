@@ -287,7 +287,7 @@ class ChaosRun:
                     self.history.add(Healed(launch=n, detail=healed))
                 torn_down = getattr(job, "torn_down", [])
                 if torn_down:  # nodes still running teardown_s after another failed: the orchestrator killed them
-                    self.history.add(TornDown(launch=n, nodes=torn_down, after_s=self.cluster.teardown_s))
+                    self.history.add(TornDown(launch=n, nodes=torn_down, after_s=round(job.torn_down_after_s, 2)))
                 self.history.add(Exited(launch=n, rc=rc, deadline_hit=timed_out, grace_expired=self.process.grace_expired,
                                         snapshot=snapshot_checkpoints(self.ckpt_root),
                                         remote=self.remote.snapshot() if self.remote else None))
@@ -417,7 +417,7 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
     if why:
         base.reason = f"cannot inject {why}"
         return base
-    if not s.cluster.multi_node and s.recovery.relaunch != "torchrun" and s.remote is None:
+    if not s.cluster.multi_node and s.recovery.relaunch != "torchrun":
         prewarm(s.trainer_module)  # its torch import overlaps the golden run's lookup and the storage set-up
     _import_dcp_in_background()
     run_dir = Path(out_root) / s.name
