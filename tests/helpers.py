@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -47,9 +48,28 @@ def _ctrl_c_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+TOKEN = "CKPT_CHAOS_TEST_TOKEN"  # in the environment of a CLI under test, so of everything it starts
+
+
 def start_cli(tmp_path: Path, scenario: str, reports: Path | None = None) -> subprocess.Popen:
-    """``ckpt-chaos run SCENARIO`` as a child process (to interrupt or SIGKILL it), output piped."""
+    """``ckpt-chaos run SCENARIO`` as a child process (to interrupt or SIGKILL it), output piped; every
+    process it starts inherits ``TOKEN=str(tmp_path)`` (``processes_started_by``)."""
     return subprocess.Popen([sys.executable, "-m", "ckpt_chaos.cli", "run", scenario, "--reports",
                              str(reports or tmp_path / "r"), "--golden-dir", str(tmp_path / "golden")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=_ctrl_c_as_in_a_terminal)
+                            env={**os.environ, TOKEN: str(tmp_path)}, preexec_fn=_ctrl_c_as_in_a_terminal)
+
+
+def processes_started_by(tmp_path: Path) -> list:
+    """Live processes that carry the token of ``start_cli(tmp_path, ...)``: the CLI, its launchers and
+    their ranks, whatever their command line (a rank forked by the launcher agent shows the agent's)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(TOKEN) == str(tmp_path) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out

@@ -8,20 +8,9 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import start_cli
+from tests.helpers import processes_started_by, start_cli
 
 pytestmark = pytest.mark.slow
-
-
-def processes_mentioning(text: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(text in part for part in p.info["cmdline"] or []):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
 
 
 def test_ctrl_c_mid_scenario_kills_every_process_and_exits_130(tmp_path):
@@ -29,14 +18,17 @@ def test_ctrl_c_mid_scenario_kills_every_process_and_exits_130(tmp_path):
     cli = start_cli(tmp_path, "kill-node-mid-training", reports=reports)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(processes_mentioning(str(reports))) < 2:
-            time.sleep(0.2)  # torchrun and its workers carry the run directory on their command line
-        assert processes_mentioning(str(reports)), "the scenario never started"
+        while time.monotonic() < deadline and not list(reports.glob("*/*/kill-node-mid-training/trajectory.jsonl")):
+            time.sleep(0.2)  # rank 0 writes its first step there
+        assert list(reports.glob("*/*/kill-node-mid-training/trajectory.jsonl")), "the scenario never trained"
+        started = processes_started_by(tmp_path)
+        assert len(started) >= 4, [p.cmdline() for p in started]  # the CLI, a launcher, two ranks
         cli.send_signal(signal.SIGINT)
         out, _ = cli.communicate(timeout=60)
     finally:
         cli.kill()
     assert cli.returncode == 130, out
     assert "interrupted" in out
-    left = processes_mentioning(str(tmp_path))
-    assert not left, f"left behind: {[p.pid for p in left]}"
+    psutil.wait_procs(started, timeout=10)  # the warm spare agents leave as their parent's pipe closes
+    left = processes_started_by(tmp_path)
+    assert not left, f"left behind: {[(p.pid, p.cmdline()) for p in left]}"

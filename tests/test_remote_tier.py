@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from ckpt_chaos.config import builtin_scenarios
+from ckpt_chaos.env import launcher
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import ScenarioError, from_dict, load
 
@@ -25,6 +26,7 @@ def golden_root(tmp_path_factory):
 
 
 def _no_children_left() -> None:
+    launcher.close_spares()  # the warm launcher agents are the harness's, kept for the next launch
     alive = [p for p in psutil.Process().children(recursive=True) if p.is_running()
              and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running: {[' '.join(p.cmdline()[:4]) for p in alive]}"
