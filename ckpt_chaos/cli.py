@@ -32,7 +32,8 @@ exit status:
        unknown scenario name, a wrong option; nothing was run or written
   {EXIT_CANNOT_RUN}    cannot run here: a needed extra is not installed, or (run --strict) a
        scenario was skipped for want of root, FUSE, Docker...
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C, SIGTERM); every process of the scenario was killed
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C, SIGTERM); every process of the running scenarios was
+       killed
 
 environment:
   {config.ENV_OUT}          output directory when --out is not given (else the
@@ -161,6 +162,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"ckpt-chaos: {len(chosen)} scenario(s) of suite [bold]{suite}[/], results in {out}")
     if args.plots != "none" and missing_extra("report") is not None:
         console.print(f"[yellow]no plots in the report: it {missing_extra('report')}[/]")
+    jobs = min(args.jobs, len(chosen))
+    if jobs > 1:
+        from ckpt_chaos.run.parallel import rank_budget, usable_cores, weight
+
+        alone = sum(1 for s in chosen if weight(s).alone)
+        console.print(f"up to {jobs} at once, at most {rank_budget()} ranks together on {usable_cores()} core(s)"
+                      + (f"; {alone} timing-sensitive or multi-node scenario(s) run alone" if alone else ""))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rows, started = [], time.monotonic()
 
@@ -174,18 +182,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                        "report": str(html), "junitxml": args.junitxml, "results": rows})
         return code
 
+    def progress(i: int, s, row: dict) -> None:
+        v = row["verdict"]
+        console.print(f"[{i}/{len(chosen)}] [{COLOUR.get(v, 'magenta')}]{v:<7}[/] {s.name}  "
+                      f"({row['wall_s']:.0f}s){'  ' + escape(row['reason']) if row['reason'] else ''}",
+                      markup=True, highlight=False)
+
     try:
-        for i, s in enumerate(chosen, 1):
-            with console.status(f"[{i}/{len(chosen)}] {s.name}"):
-                r = run_scenario(s, out, golden)
-            row = results.scenario_row(r, s)
-            rows.append(row)
-            v = row["verdict"]
-            console.print(f"[{i}/{len(chosen)}] [{COLOUR.get(v, 'magenta')}]{v:<7}[/] {s.name}  "
-                          f"({row['wall_s']:.0f}s){'  ' + escape(row['reason']) if row['reason'] else ''}",
-                          markup=True, highlight=False)
+        if jobs > 1:
+            _run_parallel(chosen, out, golden, jobs, rows, progress, console)
+        else:
+            for i, s in enumerate(chosen, 1):
+                with console.status(f"[{i}/{len(chosen)}] {s.name}"):
+                    r = run_scenario(s, out, golden)
+                row = results.scenario_row(r, s)
+                rows.append(row)
+                progress(i, s, row)
     except KeyboardInterrupt:
-        console.print("[red]interrupted: every process of the running scenario was killed[/]")
+        console.print(f"[red]interrupted: every process of the running scenario{'s' if jobs > 1 else ''} "
+                      "was killed[/]")
         return finish(EXIT_INTERRUPTED)
     failing = [r for r in rows if results.failed(r)]
     skipped = [r for r in rows if r["verdict"] == "skipped"]
@@ -217,6 +232,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     if code == EXIT_CANNOT_RUN:
         console.print(f"[red]--strict: {len(skipped)} scenario(s) could not run on this machine[/]")
     return code
+
+
+def _run_parallel(chosen: list, out: Path, golden: Path, jobs: int, rows: list, progress, console) -> None:
+    """``run -n``: the scenarios in worker processes (``ckpt_chaos.run.parallel``); ``rows`` keeps those
+    finished in catalogue order (as a serial run's), also when interrupted."""
+    from ckpt_chaos.run.parallel import ParallelRun
+
+    running: list[str] = []
+    by_index: dict[int, dict] = {}
+    status = console.status("starting")
+
+    def show() -> None:
+        status.update(f"[{len(by_index)}/{len(chosen)}] running {', '.join(running)}")
+
+    def on_start(i: int, s) -> None:
+        running.append(s.name)
+        show()
+
+    def on_done(i: int, s, row: dict, log: str) -> None:
+        running.remove(s.name)
+        by_index[i] = row
+        rows[:] = [by_index[k] for k in sorted(by_index)]
+        for line in log.splitlines():  # what its worker said (a golden run retried, a native crash)
+            console.print(f"  {s.name}: {line}", markup=False, highlight=False)
+        progress(len(by_index), s, row)
+        show()
+
+    with status:
+        ParallelRun(chosen, out, golden, jobs, on_start=on_start, on_done=on_done).run()
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -353,6 +397,21 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: give a duration such as 90s, 20m or 1h") from None
 
 
+def _jobs(text: str) -> int:
+    """``-n``: a count of 1 or more, or ``auto``."""
+    if text == "auto":
+        from ckpt_chaos.run.parallel import auto_jobs
+
+        return auto_jobs()
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of scenarios at once (1 or more) or auto")
+    return n
+
+
 def cmd_explore(args: argparse.Namespace) -> int:
     """Search random fault schedules for a failure; write each one found, shrunk, as a scenario file."""
     if (code := _needs("search", "explore")) is not None:
@@ -460,6 +519,10 @@ def parser() -> argparse.ArgumentParser:
                                                       "as text")
     c.add_argument("--strict", action="store_true",
                    help=f"a scenario skipped for want of root, FUSE, libfiu... exits {EXIT_CANNOT_RUN} (CI)")
+    c.add_argument("-n", "--jobs", type=_jobs, default=1, metavar="N",
+                   help="run up to N scenarios at once, each in a worker process; 'auto': as the cores and "
+                        "memory allow. Their ranks stay within 2 per core, and timing-sensitive or multi-node "
+                        "scenarios run alone, so that verdicts are those of a serial run")
 
     c = command("check", "re-check a stored scenario run without running it", cmd_check)
     c.add_argument("run_dir", help="a scenario run directory: reports/<suite>/<time>/<scenario>")

@@ -34,6 +34,10 @@ Options: ``--chaos-out DIR`` where runs go (default: ``OUT/runs/pytest``, OUT as
 ``CKPT_CHAOS_OUT`` variable, the project's ``[tool.ckpt-chaos] out``, else the current directory;
 one folder per xdist worker), ``--chaos-golden DIR`` the cache of fault-free runs (default: the
 user cache, moved by ``CKPT_CHAOS_CACHE``).
+
+Under ``-n`` (xdist) the workers admit scenarios as ``ckpt-chaos run -n`` does: at most two ranks per
+core together, timing-sensitive and multi-node scenarios alone (``ckpt_chaos/run/parallel.py``); an
+item may wait for its turn.
 """
 
 from __future__ import annotations
@@ -120,12 +124,25 @@ class ScenarioItem(pytest.Item):
         golden = self.config.getoption("chaos_golden")
         return out / os.environ.get("PYTEST_XDIST_WORKER", "main"), Path(golden) if golden else cfg.golden_dir()
 
+    def _admitted(self, shared: Path):
+        """Under xdist, the admission of ``ckpt-chaos run -n``: the workers take the machine's rank
+        budget from lock files in the output folder they share, and a timing-sensitive or multi-node
+        scenario waits until it has the machine to itself (ckpt_chaos/run/parallel.py)."""
+        import contextlib
+
+        if not os.environ.get("PYTEST_XDIST_WORKER"):
+            return contextlib.nullcontext()
+        from ckpt_chaos.run.parallel import Slots, weight
+
+        return Slots(shared / ".admission").hold(weight(self.scenario))
+
     def runtest(self) -> None:
         from ckpt_chaos.report import results
         from ckpt_chaos.run.runner import run_scenario
 
         out, golden = self._dirs()
-        row = results.scenario_row(run_scenario(self.scenario, out, golden), self.scenario)
+        with self._admitted(out.parent):
+            row = results.scenario_row(run_scenario(self.scenario, out, golden), self.scenario)
         rev = row.get("trainer_revision")
         self.user_properties += [("verdict", row["verdict"]), ("run_dir", row["run_dir"]),
                                  ("trainer_revision", f"{rev['commit']}{' (dirty)' if rev['dirty'] else ''}"

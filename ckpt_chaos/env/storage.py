@@ -22,6 +22,7 @@ rules, seeded probabilities) and libfiu (``LD_PRELOAD``; wraps ``open``, ``write
 from __future__ import annotations
 
 import ctypes.util
+import errno
 import json
 import os
 import re
@@ -282,9 +283,18 @@ class Storage:
             raise StorageError("; ".join(problems))
 
 
+def _mounted(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except OSError as e:
+        # A FUSE mount whose daemon died answers ENOTCONN, and os.path.ismount calls that "not a mount".
+        return e.errno == errno.ENOTCONN
+    return os.path.ismount(path)
+
+
 def _unmount(path: Path) -> None:
     for attempt in range(50):
-        if not os.path.ismount(path):
+        if not _mounted(path):
             return
         p = subprocess.run(["umount", str(path)], capture_output=True, text=True)
         if p.returncode == 0:
@@ -293,7 +303,7 @@ def _unmount(path: Path) -> None:
             break
         time.sleep(0.1)  # a process killed a moment ago may still hold a file open
     p = subprocess.run(["umount", "-l", str(path)], capture_output=True, text=True)  # detach it anyway
-    if p.returncode != 0 and os.path.ismount(path):
+    if p.returncode != 0 and _mounted(path):
         raise StorageError(f"cannot unmount {path}: {p.stderr.strip()}; unmount it by hand (umount -l)")
 
 

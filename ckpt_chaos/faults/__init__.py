@@ -70,6 +70,9 @@ class FaultKind:
     uploader: bool = False  # target = "uploader" acts on the remote tier's uploader process
     healable: bool = False  # a heal fault lifts it
     heals: bool = False  # it is a heal: every nemesis of the run lifts what it injected
+    # what its checks see depends on wall-clock time (a timeout, a grace period, a rate): on a loaded
+    # machine the same run could end otherwise, so ``run -n`` runs its scenarios alone
+    timed: bool = False
 
     @property
     def keys(self) -> tuple[str, ...]:

@@ -150,13 +150,14 @@ def _check_heal(s: Scenario, f: Fault) -> None:
 KINDS = (
     FaultKind("pause", "node", "freeze every process of the target nodes (docker pause, or SIGSTOP in a namespace "
               "node) until the launch is torn down", NoParams, ClusterNemesis, ClusterNemesis.pause, "#e7298a",
-              validate=_check_node_fault, ends_launch=True),
+              validate=_check_node_fault, ends_launch=True, timed=True),
     FaultKind("replace", "node", "kill the target nodes; the relaunch runs them as fresh nodes whose local disk "
               "is empty", NoParams, ClusterNemesis, ClusterNemesis.replace, "#ce1256",
               validate=_check_node_fault, ends_launch=True, kills_target=True),
     FaultKind("partition", "network", "drop the traffic between nodes (split: isolate | halves | store) until the "
               "launch ends, by nftables rules or by unplugging the node's link", PartitionParams, ClusterNemesis,
-              ClusterNemesis.partition, "#980043", validate=_check_partition, ends_launch=True, healable=True),
+              ClusterNemesis.partition, "#980043", validate=_check_partition, ends_launch=True, healable=True,
+              timed=True),
     FaultKind("heal", "network", "lift every partition here (firewall rules deleted, links plugged back in) and "
               "remove every toxic: a transient fault", NoParams, None, None, "#4daf4a",
               validate=_check_heal, heals=True),

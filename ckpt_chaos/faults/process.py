@@ -211,9 +211,10 @@ KINDS = (
               ends_launch=True, crashes=True, kills_target=True, uploader=True),
     FaultKind("term", "process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s",
               TermParams, ProcessNemesis, ProcessNemesis.term, "#fc9272", validate=_check_term,
-              exit_check=_preemption_handled, ends_launch=True, notice=True),
+              exit_check=_preemption_handled, ends_launch=True, notice=True, timed=True),
     FaultKind("stop", "process", "SIGSTOP the target ranks: a hang that the job must detect by its collective "
-              "timeout", NoParams, ProcessNemesis, ProcessNemesis.stop, "#67000d", ends_launch=True, crashes=True),
+              "timeout", NoParams, ProcessNemesis, ProcessNemesis.stop, "#67000d", ends_launch=True, crashes=True,
+              timed=True),
     FaultKind("raise", "process", "raise an exception inside the triggering rank at the probe point "
               "(error: oom|io|runtime)", RaiseParams, ProcessNemesis, ProcessNemesis.raise_, "#ef3b2c",
               validate=_check_raise, ends_launch=True),

@@ -129,7 +129,8 @@ KINDS = (
               "limit_data, slow_close) to the upload link (link = remote) or the rendezvous-store link "
               "(link = store), until a heal or the end of the launch", ToxicParams, RemoteNemesis,
               RemoteNemesis.toxic, "#c51b7d", validate=_check_toxic,
-              needs=lambda p: frozenset({"store_proxy"}) if p.link == "store" else frozenset(), healable=True),
+              needs=lambda p: frozenset({"store_proxy"}) if p.link == "store" else frozenset(), healable=True,
+              timed=True),
     FaultKind("lose_disk", "remote", "SIGKILL the whole node and wipe its local checkpoint disk: the relaunch has "
               "only the remote tier to resume from", NoParams, RemoteNemesis, RemoteNemesis.lose_disk, "#762a83",
               validate=_check_lose_disk, ends_launch=True, loses_disk=True),

@@ -352,7 +352,7 @@ KINDS = (
               fails_saves=True),
     FaultKind("slow", "storage", "add latency_ms to each matching call and/or cap the write bandwidth "
               "(bandwidth_mb_s)", SlowParams, StorageNemesis, StorageNemesis.slow, "#dfc27d",
-              validate=_check_slow, needs=lambda p: frozenset({"faultfs"})),
+              validate=_check_slow, needs=lambda p: frozenset({"faultfs"}), timed=True),
     FaultKind("power_loss", "storage", "SIGKILL the whole node, then lose every write, create and rename not yet "
               "made durable by fsync", NoParams, StorageNemesis, StorageNemesis.power_loss, "#543005",
               validate=_on_local_storage, needs=lambda p: frozenset({"faultfs", "lazy"}),
