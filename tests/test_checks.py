@@ -110,3 +110,28 @@ def test_a_check_carries_what_it_is_about_as_fields():
                    ("committed_survives@1", "committed_survives", None, "1"),
                    ("remote_durable_complete@fault_0", "remote_durable_complete", 0, "fault_0"),
                    ("trajectory", "trajectory", None, None)]
+
+
+def test_dcp_metadata_is_read_without_torch_as_dcp_reads_it(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ckpt_chaos.check.history import _dcp_metadata, dcp_problem
+
+    dcp.save({"w": torch.arange(1000.0), "b": torch.ones(7)}, checkpoint_id=str(tmp_path), no_dist=True)
+    ours = {(i.relative_path, i.offset, i.length) for i in _dcp_metadata(tmp_path).storage_data.values()}
+    theirs = {(i.relative_path, i.offset, i.length)
+              for i in dcp.FileSystemReader(str(tmp_path)).read_metadata().storage_data.values()}
+    assert ours == theirs and ours
+    assert dcp_problem(tmp_path) is None
+    shard = tmp_path / sorted(ours)[0][0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert "has 100 bytes, .metadata references bytes up to" in dcp_problem(tmp_path)
+    # and in a process that never imported torch, torch stays out
+    code = ("import sys; from ckpt_chaos.check.history import dcp_problem; "
+            f"print(dcp_problem({str(tmp_path)!r})); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert "has 100 bytes" in out[0] and out[1] == "False"

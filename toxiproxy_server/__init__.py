@@ -101,14 +101,25 @@ from urllib.parse import unquote, urlsplit
 logger = logging.getLogger(__name__)
 
 
-def _term_when_parent_dies() -> None:
-    """In the child: exit with SIGTERM when the process that started it dies (Linux PR_SET_PDEATHSIG)."""
+def _load_prctl():
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except OSError:
-        pass
+        return None
+
+
+# Loaded in the parent: in a preexec_fn, between fork and exec in a process with threads, an import
+# or a dlopen may wait forever on a lock another thread held at the fork.
+_PRCTL = _load_prctl()
+
+
+def _term_when_parent_dies() -> None:
+    """In the child: exit with SIGTERM when the process that started it dies (Linux PR_SET_PDEATHSIG)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
 
 VERSION = "2.12.0"  # the Toxiproxy release whose API this server follows
 DEFAULT_PORT = 8474

@@ -163,15 +163,26 @@ class Job:
             pass
 
 
-def _term_when_parent_dies() -> None:
-    """In the child: if the harness dies without cleaning up (SIGKILL, crash), torchrun gets SIGTERM
-    and takes its workers down with it (Linux PR_SET_PDEATHSIG)."""
+def _load_prctl():
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except OSError:
-        pass
+        return None
+
+
+# Loaded here, in the parent: a preexec_fn runs between fork and exec in a copy of a process that has
+# threads (the probe server, an import in the background), so it must neither import nor dlopen,
+# whose locks another thread may have held at the fork (a child hung in preexec_fn seen here).
+_PRCTL = _load_prctl()
+
+
+def _term_when_parent_dies() -> None:
+    """In the child: if the harness dies without cleaning up (SIGKILL, crash), torchrun gets SIGTERM
+    and takes its workers down with it (Linux PR_SET_PDEATHSIG)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def chosen_launcher(max_restarts: int = 0, rendezvous: str | None = None, launcher: str | None = None) -> str:

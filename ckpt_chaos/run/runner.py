@@ -402,14 +402,6 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path | None = None) -
     return again
 
 
-def _import_dcp_in_background() -> None:
-    """Import DCP (and torch) for the checkpoint snapshots now, in a thread: the first snapshot is
-    taken while a rank waits at the probe point of a fault, and an import there (a second or more)
-    would hold that rank and make the run slower than its training."""
-    if "torch.distributed.checkpoint" not in sys.modules:
-        threading.Thread(target=importlib.import_module, args=("torch.distributed.checkpoint",), daemon=True).start()
-
-
 def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) -> Result:
     started = time.monotonic()
     base = Result(scenario=s.name, verdict="skipped", families=s.families, kinds=s.kinds, tags=s.tags)
@@ -419,7 +411,6 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
         return base
     if not s.cluster.multi_node and s.recovery.relaunch != "torchrun":
         prewarm(s.trainer_module)  # its torch import overlaps the golden run's lookup and the storage set-up
-    _import_dcp_in_background()
     run_dir = Path(out_root) / s.name
     if run_dir.exists():
         shutil.rmtree(run_dir)
