@@ -113,11 +113,23 @@ def three_scenarios(tmp_path_factory):
     return out, cases
 
 
+def evidence(case: ET.Element) -> str:
+    """A testcase's whole failure report and the end of its run's torchrun.log, for an assertion's
+    message: pytest cuts the ``message`` attribute to 500 characters, which can leave out the failing
+    check's line, and CI keeps nothing of the run directory."""
+    failure = case.find("failure")
+    report = failure.text if failure is not None else "(no <failure> element)"
+    run_dir = {p.get("name"): p.get("value") for p in case.iter("property")}.get("run_dir")
+    log = Path(run_dir) / "torchrun.log" if run_dir else None
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:]) if log and log.is_file() else "(none)"
+    return f"{report}\n--- end of {log}:\n{tail}"
+
+
 @pytest.mark.slow
 def test_junit_carries_each_check_as_readable_text(three_scenarios):
     out, cases = three_scenarios
     props = {p.get("name"): p.get("value") for p in cases["passes"].iter("property")}
-    assert props["verdict"] == "pass", out.stdout[-3000:]
+    assert props["verdict"] == "pass", evidence(cases["passes"])
     assert props["check trajectory"].startswith("pass: ") and "bit for bit" in props["check trajectory"]
     assert props["check resume_from"] == "pass: launch 1 resumed from step_00000004"
     assert Path(props["run_dir"]).is_dir()
@@ -139,6 +151,6 @@ def test_a_known_failure_that_passes_fails_as_xpass_strict(three_scenarios):
     failure = cases["bug-fixed"].find("failure")
     assert failure is not None, out.stdout[-3000:]
     assert failure.get("message").startswith("[XPASS(strict)] scenario bug-fixed: known failure passed: "
-                                              "trajectory did not fail")
+                                              "trajectory did not fail"), evidence(cases["bug-fixed"])
     assert "remove expect.known_failure from" in failure.get("message")
-    assert out.returncode == 1 and "1 failed, 1 passed, 1 xfailed" in out.stdout
+    assert out.returncode == 1 and "1 failed, 1 passed, 1 xfailed" in out.stdout, out.stdout[-3000:]

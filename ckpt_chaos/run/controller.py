@@ -77,6 +77,15 @@ class ProbeServer:
 
     def close(self) -> None:
         self._closed.set()
+        # Closing the socket does not wake the thread blocked in accept(2) on it. A SIGSTOP and SIGCONT
+        # of the harness (Ctrl-Z and fg, a debugger) restarts that call on the descriptor's number,
+        # by then often the next server's socket: it would take a rank of the next run and hand its
+        # events to this finished one. shutdown() wakes it; it must be gone before the number is free.
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._thread.join(5)
         try:
             self._sock.close()
         except OSError:
