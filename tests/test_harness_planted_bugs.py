@@ -98,11 +98,14 @@ def test_loader_state_of_dropped_ranks_discarded_is_caught_and_named(tmp_path, g
     assert "the data loader resumed 2 step(s) too early and 2 step(s) of samples are seen twice" in bad["trajectory"]
 
 
-@pytest.mark.parametrize("crashes", [1, 2])
-def test_a_native_crash_before_any_fault_is_run_again_once_and_said(tmp_path, golden_root, monkeypatch, crashes):
-    # Rank 0 SIGSEGVs at its first save, before the scenario's kill (at the second save) can fire.
+@pytest.mark.parametrize("crashes,attempt", [(1, 0), (2, 0), (1, 1)])
+def test_a_native_crash_before_any_fault_or_a_segfault_is_run_again_once_and_said(tmp_path, golden_root,
+                                                                                  monkeypatch, crashes, attempt):
+    # Rank 0 SIGSEGVs at its first save: before the scenario's kill (at the second save) can fire, or
+    # (attempt 1) in the relaunch, after it fired.
     monkeypatch.setenv("CKPT_CHAOS_TEST_CRASH_COUNTER", str(tmp_path / "crashes"))
     monkeypatch.setenv("CKPT_CHAOS_TEST_CRASHES", str(crashes))
+    monkeypatch.setenv("CKPT_CHAOS_TEST_CRASH_ATTEMPT", str(attempt))
     r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml", "tests.planted.crashes_natively")
     assert (tmp_path / "kill-rank1-mid-shard-write.crashed" / "torchrun.log").is_file()
     assert (tmp_path / "crashes").read_text() == str(crashes)

@@ -1,6 +1,7 @@
 """Not a checkpointing bug: rank 0 dies of a native crash (SIGSEGV, as torch/gloo did once in CI) at
 the start of its first save, in the first launch of a chaos run only (golden runs are left alone), on
-the first ``CKPT_CHAOS_TEST_CRASHES`` chaos runs of the test that sets it (counted in a file)."""
+the first ``CKPT_CHAOS_TEST_CRASHES`` chaos runs of the test that sets it (counted in a file).
+``CKPT_CHAOS_TEST_CRASH_ATTEMPT=1``: in the relaunch instead, after the scenario's fault fired."""
 import os
 import signal
 from pathlib import Path
@@ -13,8 +14,8 @@ _save = checkpoint.CheckpointManager.save
 
 def save(self, *args, **kwargs):
     counter = Path(os.environ.get("CKPT_CHAOS_TEST_CRASH_COUNTER", "/nonexistent/counter"))
-    first_launch = os.environ.get("CKPT_CHAOS_ATTEMPT", "0") == "0"
-    if self.rank == 0 and probe.active() and first_launch and counter.parent.is_dir():
+    attempt = os.environ.get("CKPT_CHAOS_ATTEMPT", "0") == os.environ.get("CKPT_CHAOS_TEST_CRASH_ATTEMPT", "0")
+    if self.rank == 0 and probe.active() and attempt and counter.parent.is_dir():
         done = int(counter.read_text()) if counter.exists() else 0
         if done < int(os.environ.get("CKPT_CHAOS_TEST_CRASHES", "0")):
             counter.write_text(str(done + 1))
