@@ -20,9 +20,10 @@ def main() -> int:
     out, action = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
     signal.signal(signal.SIGTERM, lambda *_: (open(f"{out}/term{rank}", "w").close(), os._exit(0)))
-    with open(f"{out}/rank{rank}.json", "w") as fh:
+    with open(f"{out}/rank{rank}.json.tmp", "w") as fh:
         json.dump({"env": {k: os.environ.get(k) for k in SEEN}, "pid": os.getpid(), "argv": sys.argv[1:],
                    "sid_is_pid": os.getsid(0) == os.getpid()}, fh)
+    os.replace(f"{out}/rank{rank}.json.tmp", f"{out}/rank{rank}.json")  # whole when the test sees it
     if action == "fail":
         if rank == 1:
             return 3
