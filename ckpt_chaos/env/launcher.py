@@ -105,6 +105,16 @@ def job_processes(marker: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter() if _carries(p, marker)]
 
 
+def kill_processes(procs: list[psutil.Process]) -> None:
+    """SIGKILL each process, those gone already aside; a stopped one is continued so it does not linger."""
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGCONT)
+            p.kill()
+        except psutil.Error:
+            pass
+
+
 @dataclass
 class Job:
     popen: subprocess.Popen
@@ -148,12 +158,7 @@ class Job:
             procs = job_processes(self.marker)
             if not procs:
                 break
-            for p in procs:
-                try:
-                    p.send_signal(signal.SIGCONT)  # a stopped process must not linger after SIGKILL
-                    p.kill()
-                except psutil.Error:
-                    pass
+            kill_processes(procs)
             # torchrun is our child: only Popen may reap it. If psutil reaped it, Popen would later
             # get ECHILD and report exit status 0 for a launcher that was SIGKILLed.
             psutil.wait_procs([p for p in procs if p.pid != self.popen.pid], timeout=5)
@@ -368,17 +373,20 @@ def _spares_pool() -> _Spares:
     return _spares
 
 
+def _start_env(module: str, extra: dict[str, str]) -> dict[str, str]:
+    """The environment a spare for this launch starts with: the variables read at exec (``_late``)."""
+    return {**_base_env(module), **{k: v for k, v in extra.items() if not _late(k)}}
+
+
 def prewarm(module: str = "reference_trainer", env: dict[str, str] | None = None, wait: bool = False) -> None:
     """Start a spare agent for ``module`` now, so that the next launch with the same start
     environment finds torch imported (``wait``: return once it is)."""
-    start_env = {**_base_env(module), **{k: v for k, v in (env or {}).items() if not _late(k)}}
-    _spares_pool().prewarm(module, start_env, wait)
+    _spares_pool().prewarm(module, _start_env(module, env or {}), wait)
 
 
 def _launch_agent(run_dir: Path, nproc: int, trainer_args: list[str], module: str, extra: dict[str, str],
                   log_name: str, rdzv_id: str) -> AgentJob:
-    start_env = {**_base_env(module), **{k: v for k, v in extra.items() if not _late(k)}}
-    spare = _spares_pool().take(module, start_env)
+    spare = _spares_pool().take(module, _start_env(module, extra))
     log_path = run_dir / log_name
     with open(log_path, "ab") as log:
         log.write(f"$ [ckpt-chaos agent, pid {spare.popen.pid}] python -m {module} {' '.join(trainer_args)} "

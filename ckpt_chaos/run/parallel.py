@@ -45,6 +45,8 @@ from typing import Callable, Iterator
 
 import psutil
 
+from ckpt_chaos.env.launcher import kill_processes
+
 RANKS_PER_CORE = 2
 SCENARIO_MEMORY = 2 << 30  # bytes a 2-rank scenario may take (harness, torchrun, ranks): -n auto's bound
 MIN_COLLECTIVE_TIMEOUT_S = 15.0  # the catalogue's; what its scenarios are known to pass at under load
@@ -303,12 +305,7 @@ def kill_tree(pids: list[int], token: str) -> int:
                 procs.append(p)
         except (psutil.Error, OSError):
             pass
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGCONT)  # a stopped process must not linger after SIGKILL
-            p.kill()
-        except psutil.Error:
-            pass
+    kill_processes(procs)
     psutil.wait_procs([p for p in procs if p.pid not in pids], timeout=5)
     return len(procs)
 
