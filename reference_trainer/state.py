@@ -33,12 +33,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 
 @dataclass
@@ -227,13 +227,47 @@ def digest(obj: Any) -> str:
     return h.hexdigest()[:16]
 
 
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+def _full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole of a dim-0-sharded DTensor, gathered with the classic c10d ``all_gather``.
+
+    ``DTensor.full_tensor`` and ``get_*_state_dict(full_state_dict=True)`` gather through
+    functional collectives, which under gloo in torch 2.13 now and then segfault a rank; the
+    list form of ``all_gather`` does not. FSDP2 shards dim 0 the way ``torch.chunk`` does, so
+    each rank pads its piece to the chunk size and the gathered rows are trimmed back.
+    """
+    if not isinstance(t, DTensor):
+        return t
+    if any(not (p.is_shard() and p.dim == 0) for p in t.placements) or t.device_mesh.ndim != 1:
+        return t.full_tensor()
+    world = t.device_mesh.size()
+    rows = t.shape[0]
+    chunk = -(-rows // world) if rows else 0
+    local = t.to_local().detach().contiguous()
+    padded = local.new_zeros((chunk, *t.shape[1:]))
+    padded[: local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=t.device_mesh.get_group())
+    return torch.cat(parts)[:rows]
+
+
+def _gathered(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _gathered(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_gathered(v) for v in tree]
+    return _full_tensor(tree) if isinstance(tree, torch.Tensor) else tree
+
+
+def _full_model_and_optimizer(ts: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Full (world-size independent) model and optimizer state dicts; collective."""
+    model_sd = get_model_state_dict(ts.model)
+    optim_sd = get_optimizer_state_dict(ts.model, ts.optimizer)
+    return _gathered(model_sd), _gathered(optim_sd)
 
 
 def model_optimizer_digest(ts: TrainState) -> str | None:
     """Digest of the full (gathered) model and optimizer state; collective, value on rank 0."""
-    model_sd = get_model_state_dict(ts.model, options=_FULL)
-    optim_sd = get_optimizer_state_dict(ts.model, ts.optimizer, options=_FULL)
+    model_sd, optim_sd = _full_model_and_optimizer(ts)
     return digest({"model": model_sd, "optim": optim_sd}) if ts.rank == 0 else None
 
 
@@ -244,11 +278,10 @@ def component_digests(ts: TrainState) -> dict[str, str] | None:
     on the world size. The loader digest is over the distinct per-rank loader states (equal on
     all ranks by design), so it too survives a world-size change; RNG streams are per rank.
     """
-    model_sd = get_model_state_dict(ts.model, options=_FULL)
-    optim_sd = get_optimizer_state_dict(ts.model, ts.optimizer, options=_FULL)
+    model_sd, optim_sd = _full_model_and_optimizer(ts)
     grads = None
     if ts.progress.micro:
-        grads = {n: p.grad.full_tensor() for n, p in ts.model.named_parameters()}
+        grads = {n: _full_tensor(p.grad) for n, p in ts.model.named_parameters()}
     local = {"rng": digest(capture_rng()), "loader": digest(ts.loader.state_dict())}
     gathered: list[Any] = [None] * ts.world_size
     dist.all_gather_object(gathered, local)
