@@ -92,7 +92,7 @@ def test_kill_leaves_no_process_of_the_job(tmp_path):
     pids = [r["pid"] for r in ranks(tmp_path)] + job.launcher_pids()
     job.kill()
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not launcher.job_processes(job.marker)
+    assert not job.processes()
 
 
 def test_the_agent_warms_what_the_trainers_entry_file_imports_even_inside_functions():

@@ -3,7 +3,7 @@
 ``torchrun`` costs a launch two interpreter starts and two imports of torch in a row: its own, then
 each worker's. On a small machine that is most of the time to a first step. This agent is started
 ahead of need (a *spare*), imports torch, ``torch.distributed`` and the trainer's package, and waits
-on stdin for a launch. It then forks one process per rank, hosts the job's c10d store as torchrun's
+for a launch. It then forks one process per rank, hosts the job's c10d store as torchrun's
 agent does (``TORCHELASTIC_USE_AGENT_STORE``), and supervises the ranks the way torchrun does with
 ``--max-restarts=0``:
 
@@ -20,15 +20,27 @@ agent does (``TORCHELASTIC_USE_AGENT_STORE``), and supervises the ranks the way 
 What torchrun itself does (restarts, elastic membership, its rendezvous) is not imitated: scenarios
 that test it run under torchrun (``ckpt_chaos.env.launcher``).
 
-Protocol: the harness writes one JSON line on stdin (``nproc``, ``module``, ``argv``, ``env``,
-``log``); the agent writes JSON lines on the status pipe whose number it is given: ``{"ready": 1}``
-once warm, ``{"ranks": {rank: pid}}`` once forked.
+One spare serves many launches: it is a *zygote*. Each launch forks a copy of it, which becomes
+that launch's agent, so no launch waits for torch to be imported again and no import competes with
+the ranks for the CPU. Forking is only safe while the spare has a single thread; a spare whose
+imports started threads (a preloaded ``libfiu``) serves one launch itself and then exits, and its
+ranks start with ``exec``.
+
+Protocol: the harness holds one end of a ``SOCK_SEQPACKET`` pair whose other end is the control fd.
+The spare writes ``{"ready": 1, "forkable": bool, "sources": {path: mtime}}`` on its status pipe
+once warm (``sources``: the project files it imported, so that the harness can retire a spare whose
+code changed). A launch is one message on the control socket: a JSON spec (``nproc``, ``module``,
+``argv``, ``env``, ``log``, ``run_id``) with the write end of the launch's own status pipe attached
+(``SCM_RIGHTS``). The spare answers ``{"agent": pid}`` on the control socket; the agent writes
+``{"ranks": {rank: pid}}`` on the launch's pipe once it forked them, and the spare writes
+``{"exit": status}`` there once it reaped the agent.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -165,15 +177,93 @@ def _signal_name(status: int) -> str:
         return f"signal {-status}"
 
 
-def serve(module: str, status_fd: int) -> int:
+def _sources() -> dict[str, float]:
+    """The imported modules' files that are not installed under the interpreter's prefix, with their
+    modification times: the project's code, which a fork would run as it was when imported."""
+    installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    found = {}
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if path and not path.startswith(installed) and os.path.isfile(path):
+            try:
+                found[path] = os.stat(path).st_mtime
+            except OSError:
+                pass
+    return found
+
+
+def _load_prctl():
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+
+
+def serve(module: str, status_fd: int, control_fd: int) -> int:
+    """Warm up, then serve launches from the control socket until the harness closes it."""
     _warm(module)
-    _status(status_fd, ready=1)
+    prctl = _load_prctl()  # loaded before any fork: a forked agent neither imports nor dlopens
+    forkable = _threads() == 1
+    _status(status_fd, ready=1, forkable=forkable, sources=_sources())
+    os.close(status_fd)
+    control = socket.socket(fileno=control_fd)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the harness went away (PDEATHSIG): so do we
+    children: dict[int, int] = {}  # agent pid -> its launch's status fd
+    while True:
+        readable = select.select([control], [], [], POLL_S if children else None)[0]
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if not pid:
+                break
+            fd = children.pop(pid, None)
+            if fd is not None:
+                _status(fd, exit=os.waitstatus_to_exitcode(status))
+                os.close(fd)
+        if not readable:
+            continue
+        try:
+            msg, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            return 0  # the harness closed the socket: a spare no longer needed
+        spec, launch_fd = json.loads(msg), fds[0]
+        if not forkable:
+            control.send(json.dumps({"agent": os.getpid()}).encode())
+            control.close()
+            return _agent(spec, launch_fd, forkable=False)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                control.close()
+                for fd in children.values():
+                    os.close(fd)
+                os.setsid()  # the agent, like torchrun, leads a session of its own
+                if prctl is not None:
+                    prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the spare's death ends the launch
+                code = _agent(spec, launch_fd, forkable=True)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)  # no finalization: the store's thread would abort on a closed socket
+        children[pid] = launch_fd
+        control.send(json.dumps({"agent": pid}).encode())
+
+
+def _agent(spec: dict, status_fd: int, forkable: bool) -> int:
+    """Run one launch: fork (or exec) its ranks, host their store, supervise them; the exit status."""
     term = []
     signal.signal(signal.SIGTERM, lambda *_: term.append(signal.SIGTERM))
-    line = sys.stdin.readline()
-    if not line or term:
-        return 0  # a spare that was never used
-    spec = json.loads(line)
     log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -191,7 +281,6 @@ def serve(module: str, status_fd: int) -> int:
     # Forking a process that runs threads copies their locks in whatever state they are: if an import
     # started one (an OpenMP pool without OMP_NUM_THREADS=1, a library's monitor), the ranks start
     # from a fresh interpreter instead, which costs their imports again but nothing else.
-    forkable = _threads() == 1
     if not forkable:
         print(f"[ckpt-chaos agent] {_threads()} threads after the imports: starting the ranks with exec, "
               "not fork", flush=True)
@@ -221,7 +310,10 @@ def serve(module: str, status_fd: int) -> int:
     # The store owns the socket from here on (detach: Python must not close it under the store's thread).
     store = dist.TCPStore("127.0.0.1", port, nproc, is_master=True, wait_for_workers=False,  # noqa: F841
                           master_listen_fd=listen.detach(), use_libuv=False)
-    return _supervise(ranks, term)
+    code = _supervise(ranks, term)
+    if not forkable:
+        _status(status_fd, exit=code)
+    return code
 
 
 def _supervise(ranks: dict[int, int], term: list) -> int:
@@ -282,7 +374,7 @@ def _close(ranks: dict[int, int], exits: dict[int, int], sig: signal.Signals) ->
 
 
 if __name__ == "__main__":
-    code = serve(sys.argv[1], int(sys.argv[2]))
+    code = serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no finalization: the store's thread would abort on a closed socket

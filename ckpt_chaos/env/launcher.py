@@ -22,8 +22,10 @@ import atexit
 import importlib.util
 import json
 import os
+import select
 import signal
 import site
+import socket
 import subprocess
 import sys
 import tempfile
@@ -145,8 +147,12 @@ class Job:
         except ProcessLookupError:
             pass
 
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this launch: its launcher and its workers, wherever they are now."""
+        return job_processes(self.marker)
+
     def workers(self) -> list[psutil.Process]:
-        return [p for p in job_processes(self.marker) if p.pid != self.popen.pid]
+        return [p for p in self.processes() if p.pid != self.popen.pid]
 
     def rank_pids(self) -> dict[int, int]:
         """rank -> pid, where the launcher says so (torchrun does not: read ``RANK`` of ``workers()``)."""
@@ -252,49 +258,170 @@ def _late(key: str) -> bool:
 
 @dataclass
 class _Spare:
+    """A warm agent (``ckpt_chaos.env.agent``): forks one agent per launch while it has one thread."""
+
     popen: subprocess.Popen
     marker: str
-    status: int  # read end of the agent's status pipe
-    errors: object  # the agent's own stderr until it is given a launch
+    status: int  # read end of its status pipe: {"ready": ...}
+    control: socket.socket  # SOCK_SEQPACKET: a launch spec out, the launch's agent pid back
+    errors: object  # its stderr: why it died, if it dies importing
+    ready: dict | None = None
+    job: "AgentJob | None" = None  # the launch it serves; one at a time, since a job is its marker's processes
+
+    def read_ready(self, timeout: float | None) -> dict | None:
+        """The spare's ready message, waiting at most ``timeout`` seconds (None: as long as it takes)."""
+        if self.ready is None and select.select([self.status], [], [], timeout)[0]:
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = os.read(self.status, 65536)
+                if not chunk:
+                    break
+                line += chunk
+            self.ready = json.loads(line) if line.endswith(b"\n") else {"died": True}
+        return self.ready
+
+    def why_dead(self) -> str:
+        self.errors.seek(0)
+        return self.errors.read().decode(errors="replace")[-3000:]
+
+    def stale(self) -> bool:
+        """Dead, or imported a project file that has changed since (its forks would run old code)."""
+        if self.popen.poll() is not None:
+            return True
+        ready = self.read_ready(0)
+        if ready is None:
+            return False
+        if ready.get("died"):
+            return True
+        for path, mtime in ready.get("sources", {}).items():
+            try:
+                if os.stat(path).st_mtime != mtime:
+                    return True
+            except OSError:
+                return True
+        return False
+
+    def idle(self) -> bool:
+        if self.job is None:
+            return True
+        if self.job.processes():
+            return False
+        self.job = None
+        return True
+
+    def close(self) -> None:
+        self.control.close()
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait()
+        os.close(self.status)
+        self.errors.close()
 
 
 class AgentJob(Job):
-    """A launch whose ranks were forked by ``ckpt_chaos.env.agent``."""
+    """A launch served by a spare: its agent is a fork of the spare (or the spare itself, where it
+    could not fork), so the spare, not the harness, reaps it and reports its exit status."""
 
-    def __init__(self, spare: _Spare, log_path: Path):
+    def __init__(self, spare: _Spare, agent_pid: int, status: int, log_path: Path):
         super().__init__(spare.popen, spare.marker, log_path)
-        self._status, self._buf, self._ranks = spare.status, b"", {}
+        self.agent_pid, self._spare = agent_pid, spare
+        self._status, self._buf, self._ranks, self._rc = status, b"", {}, None
         os.set_blocking(self._status, False)
 
+    @property
+    def _in_spare(self) -> bool:
+        return self.agent_pid == self.popen.pid
+
+    def _read(self) -> None:
+        if self._status < 0:
+            return
+        eof = False
+        try:
+            while chunk := os.read(self._status, 65536):
+                self._buf += chunk
+            eof = True
+        except BlockingIOError:
+            pass
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            msg = json.loads(line)
+            if "ranks" in msg:
+                self._ranks = {int(r): pid for r, pid in msg["ranks"].items()}
+            if "exit" in msg:
+                self._rc = int(msg["exit"])
+        if eof:
+            os.close(self._status)
+            self._status = -1
+            if self._rc is None and not self._in_spare:
+                self._rc = 1  # the spare died before it could say: the agent was killed with it
+
+    def launcher_pids(self) -> list[int]:
+        return [self.agent_pid]
+
+    def poll(self) -> int | None:
+        if self._in_spare:
+            return self.popen.poll()
+        self._read()
+        return self._rc
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        end = None if timeout is None else time.monotonic() + timeout
+        while (rc := self.poll()) is None:
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if self._in_spare:
+                try:
+                    return self.popen.wait(left)
+                except subprocess.TimeoutExpired:
+                    return None
+            select.select([self._status] if self._status >= 0 else [], [], [], min(left or 0.1, 0.1))
+        return rc
+
+    def signal(self, sig: signal.Signals) -> None:
+        try:
+            os.kill(self.agent_pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def processes(self) -> list[psutil.Process]:
+        if self._in_spare:
+            return super().processes()
+        return [q for q in job_processes(self.marker) if q.pid != self.popen.pid]
+
+    def workers(self) -> list[psutil.Process]:
+        return [p for p in self.processes() if p.pid != self.agent_pid]
+
     def rank_pids(self) -> dict[int, int]:
-        if not self._ranks and self._status >= 0:
-            try:
-                while chunk := os.read(self._status, 65536):
-                    self._buf += chunk
-            except BlockingIOError:
-                pass
-            for line in self._buf.splitlines():
-                msg = json.loads(line)
-                if "ranks" in msg:
-                    self._ranks = {int(r): pid for r, pid in msg["ranks"].items()}
+        self._read()
         return dict(self._ranks)
 
     def kill(self) -> None:
-        super().kill()
-        self.rank_pids()  # what the agent said before it died stays known
+        """SIGKILL the agent and every rank (not the spare, which serves the next launch)."""
+        if self._in_spare:
+            super().kill()
+        else:
+            for _ in range(3):
+                procs = self.processes()
+                if not procs:
+                    break
+                kill_processes(procs)
+                psutil.wait_procs([q for q in procs if q.pid != self.agent_pid], timeout=5)
+            self.wait(5)  # the spare reaps the agent and says how it ended
+        self._read()
         if self._status >= 0:
             os.close(self._status)
             self._status = -1
 
 
 class _Spares:
-    """One warm agent per (module, start environment, directory), started as the last one is taken:
-    a relaunch, or the next scenario with the same trainer, finds it ready."""
+    """Warm agents, one per (module, start environment, directory), each serving launch after launch:
+    a relaunch, or the next scenario with the same trainer, finds one ready."""
 
     KEEP = 2  # environments kept warm: the usual one, and one with LD_PRELOAD (libfiu)
 
     def __init__(self):
-        self._idle: dict[tuple, _Spare] = {}
+        self._warm: dict[tuple, list[_Spare]] = {}
         atexit.register(self.close)
 
     @staticmethod
@@ -304,57 +431,61 @@ class _Spares:
     def _start(self, module: str, env: dict[str, str]) -> _Spare:
         marker = uuid.uuid4().hex
         r, w = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         errors = tempfile.TemporaryFile()
-        popen = subprocess.Popen([sys.executable, "-m", "ckpt_chaos.env.agent", module, str(w)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
-                                 env={**env, JOB_MARKER: marker}, pass_fds=(w,), start_new_session=True,
-                                 preexec_fn=_term_when_parent_dies)
+        popen = subprocess.Popen([sys.executable, "-m", "ckpt_chaos.env.agent", module, str(w), str(theirs.fileno())],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
+                                 env={**env, JOB_MARKER: marker}, pass_fds=(w, theirs.fileno()),
+                                 start_new_session=True, preexec_fn=_term_when_parent_dies)
         os.close(w)
-        return _Spare(popen, marker, r, errors)
+        theirs.close()
+        return _Spare(popen, marker, r, ours, errors)
+
+    def _usable(self, key: tuple) -> list[_Spare]:
+        spares = self._warm.get(key, [])
+        for spare in [sp for sp in spares if sp.stale()]:
+            spares.remove(spare)
+            spare.close()
+        return spares
 
     def take(self, module: str, env: dict[str, str]) -> _Spare:
         key = self._key(module, env)
-        spare = self._idle.pop(key, None)
-        if spare is None or spare.popen.poll() is not None:
-            if spare is not None:
-                self._discard(spare)
+        spares = self._usable(key)
+        spare = next((sp for sp in spares if sp.idle()), None)
+        if spare is None:
             spare = self._start(module, env)
-        while len(self._idle) >= self.KEEP:  # the least recently used environments go cold
-            self._discard(self._idle.pop(next(iter(self._idle))))
-        self._idle[key] = self._start(module, env)
+            spares.append(spare)
+        self._warm[key] = self._warm.pop(key, spares)  # most recently used last
+        while len(self._warm) > self.KEEP:  # the least recently used environments go cold
+            for old in self._warm.pop(next(iter(self._warm))):
+                old.close()
         return spare
+
+    def used_up(self, spare: _Spare, module: str, env: dict[str, str]) -> None:
+        """``spare`` served its launch itself (it could not fork): start the next one in its place."""
+        key = self._key(module, env)
+        spares = self._warm.setdefault(key, [])
+        if spare in spares:
+            spares.remove(spare)
+        spares.append(self._start(module, env))
 
     def prewarm(self, module: str, env: dict[str, str], wait: bool) -> None:
         key = self._key(module, env)
-        spare = self._idle.get(key)
-        if spare is None or spare.popen.poll() is not None:
-            if spare is not None:
-                self._discard(spare)
-            spare = self._idle[key] = self._start(module, env)
+        spares = self._usable(key)
+        if not spares:
+            spares.append(self._start(module, env))
+            self._warm[key] = spares
         if wait:
-            import select
-
-            buf = b""
-            while not buf.endswith(b"\n"):
-                if not select.select([spare.status], [], [], 120)[0]:
-                    raise RuntimeError(f"the launcher agent for {module} was not ready after 120 s")
-                chunk = os.read(spare.status, 4096)
-                if not chunk:
-                    spare.errors.seek(0)
-                    raise RuntimeError(f"the launcher agent for {module} died while importing:\n"
-                                       + spare.errors.read().decode(errors="replace")[-3000:])
-                buf += chunk
-
-    @staticmethod
-    def _discard(spare: _Spare) -> None:
-        spare.popen.kill()
-        spare.popen.wait()
-        os.close(spare.status)
-        spare.errors.close()
+            ready = spares[0].read_ready(120)
+            if ready is None:
+                raise RuntimeError(f"the launcher agent for {module} was not ready after 120 s")
+            if ready.get("died"):
+                raise RuntimeError(f"the launcher agent for {module} died while importing:\n{spares[0].why_dead()}")
 
     def close(self) -> None:
-        while self._idle:
-            self._discard(self._idle.popitem()[1])
+        while self._warm:
+            for spare in self._warm.popitem()[1]:
+                spare.close()
 
 
 _spares: _Spares | None = None
@@ -386,22 +517,34 @@ def prewarm(module: str = "reference_trainer", env: dict[str, str] | None = None
 
 def _launch_agent(run_dir: Path, nproc: int, trainer_args: list[str], module: str, extra: dict[str, str],
                   log_name: str, rdzv_id: str) -> AgentJob:
-    spare = _spares_pool().take(module, _start_env(module, extra))
+    pool, start_env = _spares_pool(), _start_env(module, extra)
+    spare = pool.take(module, start_env)
     log_path = run_dir / log_name
-    with open(log_path, "ab") as log:
-        log.write(f"$ [ckpt-chaos agent, pid {spare.popen.pid}] python -m {module} {' '.join(trainer_args)} "
-                  f"(x{nproc})\n".encode())
     spec = {"nproc": nproc, "module": module, "argv": trainer_args, "log": str(log_path), "run_id": rdzv_id,
             "env": {k: v for k, v in extra.items() if _late(k)}}
+    with open(log_path, "ab") as log:
+        log.write(f"$ [ckpt-chaos agent of spare {spare.popen.pid}] python -m {module} {' '.join(trainer_args)} "
+                  f"(x{nproc})\n".encode())
+    r, w = os.pipe()
     try:
-        spare.popen.stdin.write((json.dumps(spec) + "\n").encode())
-        spare.popen.stdin.close()
-    except BrokenPipeError:
-        spare.errors.seek(0)
+        socket.send_fds(spare.control, [json.dumps(spec).encode()], [w])
+        reply = spare.control.recv(4096)  # once the spare is warm, and has forked the launch's agent
+    except OSError:
+        reply = b""
+    finally:
+        os.close(w)
+    if not reply:
+        os.close(r)
+        pool.used_up(spare, module, start_env)
         raise RuntimeError(f"the launcher agent for {module} died before its launch (exit {spare.popen.wait()}):\n"
-                           + spare.errors.read().decode(errors="replace")[-3000:]) from None
-    spare.errors.close()
-    return AgentJob(spare, log_path)
+                           + spare.why_dead())
+    agent = int(json.loads(reply)["agent"])
+    job = AgentJob(spare, agent, r, log_path)
+    if agent == spare.popen.pid:
+        pool.used_up(spare, module, start_env)
+    else:
+        spare.job = job
+    return job
 
 
 def run_to_end(run_dir: Path, nproc: int, trainer_args: list[str], timeout: float = 300, **kwargs) -> int:
