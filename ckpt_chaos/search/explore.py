@@ -96,12 +96,15 @@ from ckpt_chaos.config import cache_dir, golden_dir, out_dir
 from ckpt_chaos.faults import KINDS as KINDS_BY_NAME
 from ckpt_chaos.scenario import Expect, Fault, Recovery, Remote, Scenario, ScenarioError, Storage, Trigger, load, validate
 
-# A small job: 2 ranks, 8 steps, a checkpoint every 2 steps (4 saves); a launch takes 10-15 s on this
-# 2-core machine, most of it torchrun, imports and process groups.
+# A small job: 2 ranks, 8 steps, a checkpoint every 2 steps (4 saves); a launch from a warm launcher
+# agent takes 2-4 s on this 2-core machine. A stopped rank is found when its peer's collective times
+# out: 8 s is several times the longest wait of a run without a hang (a first step or a load, under
+# 1 s; a save slowed by a `slow` fault, under 2 s) and halves what a hang costs against the
+# catalogue's 15 s. The search runs alone, so no other job's load stretches those waits.
 WORLD_SIZE = 2
 TRAINER = {"max_steps": 8, "ckpt_every_steps": 2, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
-           "collective_timeout_s": 15}
-MAX_LAUNCHES = 2  # launch-ending faults per schedule: a relaunch costs 10-15 s here, a hang 16 s more
+           "collective_timeout_s": 8}
+MAX_LAUNCHES = 2  # launch-ending faults per schedule: each relaunch costs 2-4 s here, a hang 8 s more
 # The fault kinds the search composes, by family. node/network (docker, netns) and remote (moto,
 # toxiproxy) cost seconds to minutes of set-up per run; they stay out of the search for now.
 KINDS: dict[str, tuple[str, ...]] = {
