@@ -184,7 +184,8 @@ def _sources() -> dict[str, float]:
     found = {}
     for mod in list(sys.modules.values()):
         path = getattr(mod, "__file__", None)
-        if path and not path.startswith(installed) and os.path.isfile(path):
+        if (path and not path.startswith(installed) and os.path.isfile(path)
+                and not any(d in path for d in ("/site-packages/", "/dist-packages/"))):
             try:
                 found[path] = os.stat(path).st_mtime
             except OSError:

@@ -256,6 +256,9 @@ def _late(key: str) -> bool:
     return not key.startswith(EXEC_TIME)
 
 
+READY_TIMEOUT_S = 120.0  # to import torch and the trainer's modules, even on a loaded machine
+
+
 @dataclass
 class _Spare:
     """A warm agent (``ckpt_chaos.env.agent``): forks one agent per launch while it has one thread."""
@@ -314,7 +317,9 @@ class _Spare:
         if self.popen.poll() is None:
             self.popen.kill()
         self.popen.wait()
-        os.close(self.status)
+        if self.status >= 0:
+            os.close(self.status)
+            self.status = -1
         self.errors.close()
 
 
@@ -400,6 +405,7 @@ class AgentJob(Job):
         """SIGKILL the agent and every rank (not the spare, which serves the next launch)."""
         if self._in_spare:
             super().kill()
+            self._spare.close()  # it served this launch itself, and is gone with it
         else:
             for _ in range(3):
                 procs = self.processes()
@@ -476,9 +482,9 @@ class _Spares:
             spares.append(self._start(module, env))
             self._warm[key] = spares
         if wait:
-            ready = spares[0].read_ready(120)
+            ready = spares[0].read_ready(READY_TIMEOUT_S)
             if ready is None:
-                raise RuntimeError(f"the launcher agent for {module} was not ready after 120 s")
+                raise RuntimeError(f"the launcher agent for {module} was not ready after {READY_TIMEOUT_S:g} s")
             if ready.get("died"):
                 raise RuntimeError(f"the launcher agent for {module} died while importing:\n{spares[0].why_dead()}")
 
@@ -519,6 +525,14 @@ def _launch_agent(run_dir: Path, nproc: int, trainer_args: list[str], module: st
                   log_name: str, rdzv_id: str) -> AgentJob:
     pool, start_env = _spares_pool(), _start_env(module, extra)
     spare = pool.take(module, start_env)
+    # Wait for the spare's ready message before the launch: the spare may not answer a launch while
+    # the harness leaves that message unread in the pipe.
+    ready = spare.read_ready(READY_TIMEOUT_S)
+    if ready is None or ready.get("died"):
+        pool.used_up(spare, module, start_env)
+        spare.close()
+        raise RuntimeError(f"the launcher agent for {module} " + (f"was not ready after {READY_TIMEOUT_S:g} s"
+                           if ready is None else f"died while importing:\n{spare.why_dead()}"))
     log_path = run_dir / log_name
     spec = {"nproc": nproc, "module": module, "argv": trainer_args, "log": str(log_path), "run_id": rdzv_id,
             "env": {k: v for k, v in extra.items() if _late(k)}}
@@ -536,8 +550,9 @@ def _launch_agent(run_dir: Path, nproc: int, trainer_args: list[str], module: st
     if not reply:
         os.close(r)
         pool.used_up(spare, module, start_env)
-        raise RuntimeError(f"the launcher agent for {module} died before its launch (exit {spare.popen.wait()}):\n"
-                           + spare.why_dead())
+        why = f"died before its launch (exit {spare.popen.wait()}):\n{spare.why_dead()}"
+        spare.close()
+        raise RuntimeError(f"the launcher agent for {module} {why}")
     agent = int(json.loads(reply)["agent"])
     job = AgentJob(spare, agent, r, log_path)
     if agent == spare.popen.pid:
