@@ -1,0 +1,161 @@
+"""The automatic probe layer: an unmodified trainer (examples/plain_ddp) reports the probe's points
+and a trajectory, and a fault lands at the byte the trigger names."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckpt_chaos.check.history import read_jsonl
+from ckpt_chaos.probe import auto
+from ckpt_chaos.run.controller import ProbeServer
+from tests.helpers import REPO
+
+TRAINER = REPO / "examples" / "plain_ddp" / "train.py"
+
+
+def torchrun(run_dir: Path, server: ProbeServer, *args: str, planned: Path | None = None) -> int:
+    ckpt = run_dir / "ckpt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           **auto.environment(server.address, run_dir, [ckpt], planned=planned, digest_every=4,
+                              pythonpath=str(REPO))}
+    with open(run_dir / "torchrun.log", "ab") as log:
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                               str(TRAINER), "--ckpt-dir", str(ckpt), *args],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=180).returncode
+
+
+class Recorder:
+    def __init__(self, act=None):
+        self.events: list[dict] = []
+        self.act = act
+
+    def __call__(self, event: dict):
+        self.events.append(event)
+        return self.act(event) if self.act else None
+
+    def points(self, name: str, rank: int | None = None) -> list[dict]:
+        return [e for e in self.events if e["point"] == name and (rank is None or e["rank"] == rank)]
+
+
+def log(run_dir: Path) -> str:
+    return (run_dir / "torchrun.log").read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """12 steps, a save every 4: the events and records of a fault-free run."""
+    run_dir = tmp_path_factory.mktemp("plain")
+    rec = Recorder()
+    with ProbeServer(rec) as server:
+        rc = torchrun(run_dir, server, "--steps", "12")
+    assert rc == 0, log(run_dir)
+    return run_dir, rec
+
+
+def test_each_rank_says_what_is_armed_before_its_first_point(first_run):
+    _, rec = first_run
+    ranks = {e["rank"] for e in rec.events}
+    assert ranks == {0, 1}  # torchrun's own process reports nothing
+    for rank in (0, 1):
+        first = [e for e in rec.events if e["rank"] == rank][0]
+        assert first["point"] == "probe.armed"
+        assert {"files", "torch.optim", "torch.autograd", "torch.save", "torch.load"} <= set(first["info"]["armed"])
+        assert "step.end" in first["info"]["points"]
+
+
+def test_steps_are_numbered_by_the_optimizer_and_recorded_on_rank_0(first_run):
+    run_dir, rec = first_run
+    for rank in (0, 1):
+        assert [e["info"]["step"] for e in rec.points("step.end", rank)] == list(range(1, 13))
+        assert [e["info"]["step"] for e in rec.points("step.begin", rank)] == list(range(1, 13))
+        assert len(rec.points("microstep.end", rank)) == 12
+    records = read_jsonl(run_dir / "trajectory.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 13))
+    assert all(float.fromhex(r["loss_hex"]) > 0 for r in records)
+    assert all(len(r["samples"]) == 1 and len(r["samples"][0]) == 8 for r in records)  # one batch of 8 ids
+    assert [r["step"] for r in records if "model_digest" in r] == [4, 8, 12]
+    exit_event = read_jsonl(run_dir / "events.jsonl")[-1]
+    assert exit_event["event"] == "exit" and exit_event["step"] == 12
+    assert exit_event["model_digest"] == records[-1]["model_digest"]
+
+
+def test_a_torch_save_is_staged_written_fsynced_renamed_and_old_ones_removed(first_run):
+    _, rec = first_run
+    saves = rec.points("ckpt.stage", 0)
+    assert [e["info"]["path"] for e in saves] == [f"ckpt/step_{s:08d}.pt.tmp" for s in (4, 8, 12)]
+    assert rec.points("ckpt.stage", 1) == []  # rank 0 saves alone
+    done = rec.points("file.done", 0)
+    assert [e["info"]["path"] for e in done] == [f"ckpt/step_{s:08d}.pt.tmp" for s in (4, 8, 12)]
+    assert all(e["info"]["bytes"] > 0 and e["info"]["via"] == "torch.save" for e in done)
+    assert [e["info"]["path"] for e in rec.points("file.fsync", 0)][:1] == ["ckpt/step_00000004.pt.tmp"]
+    renames = [(e["info"]["src"], e["info"]["path"]) for e in rec.points("file.rename", 0)]
+    assert renames == [(f"ckpt/step_{s:08d}.pt.tmp", f"ckpt/step_{s:08d}.pt") for s in (4, 8, 12)]
+    assert [e["info"]["path"] for e in rec.points("file.remove", 0)] == ["ckpt/step_00000004.pt"]
+    # the order of one save, as the trainer wrote it
+    seq = [e["point"] for e in rec.events if e["rank"] == 0 and e["point"].startswith(("file.", "ckpt."))]
+    assert seq[0] == "ckpt.stage"
+    assert seq.index("file.done") < seq.index("file.fsync") < seq.index("file.rename")
+
+
+def test_a_resume_loads_the_newest_file_and_counts_on_from_its_step(first_run, tmp_path):
+    run_dir, _ = first_run
+    rec = Recorder()
+    with ProbeServer(rec) as server:
+        rc = torchrun(run_dir, server, "--steps", "14")
+    assert rc == 0, log(run_dir)
+    loads = rec.points("load.begin", 0)
+    assert [e["info"]["path"] for e in loads] == ["ckpt/step_00000012.pt"]
+    assert [e["info"]["step"] for e in rec.points("step.begin", 1)] == [13, 14]
+
+
+def test_a_kill_at_half_of_a_file_finds_half_of_its_planned_bytes_on_disk(first_run, tmp_path):
+    _, golden = first_run
+    plan = tmp_path / "planned.json"
+    plan.write_text(json.dumps(auto.planned_sizes(golden.events)))
+    planned = auto.planned_sizes(golden.events)["ckpt/step_00000008.pt.tmp"]
+    seen: list[dict] = []
+
+    def kill_at_half(event):
+        info = event["info"]
+        if (event["point"] == "file.write" and info.get("path") == "ckpt/step_00000008.pt.tmp"
+                and info.get("fraction", 0) >= 0.5 and not seen):
+            seen.append(event)
+            os.kill(event["pid"], signal.SIGKILL)
+
+    with ProbeServer(Recorder(kill_at_half)) as server:
+        rc = torchrun(tmp_path, server, "--steps", "12", planned=plan)
+    assert rc != 0
+    assert seen, "the trigger never matched"
+    on_disk = (tmp_path / "ckpt" / "step_00000008.pt.tmp").stat().st_size
+    assert on_disk == seen[0]["info"]["bytes"]
+    assert abs(on_disk / planned - 0.5) <= 0.1, (on_disk, planned)
+    assert not (tmp_path / "ckpt" / "step_00000008.pt").exists()
+
+
+def test_the_layer_stays_out_without_a_controller_and_never_imports_torch(tmp_path):
+    code = "import builtins, sys; print(builtins.open.__module__ == 'ckpt_chaos.probe.auto', 'torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([auto.SITE_DIR, str(REPO)])}
+    env.pop("CKPT_CHAOS_CONTROLLER", None)
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert off.stdout.split() == ["False", "False"]
+    env["CKPT_CHAOS_CONTROLLER"] = str(tmp_path / "nobody.sock")
+    on = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert on.stdout.split() == ["True", "False"]
+
+
+def test_a_sitecustomize_it_shadows_still_runs(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([auto.SITE_DIR, str(REPO), str(theirs)]),
+           "CKPT_CHAOS_CONTROLLER": str(tmp_path / "nobody.sock")}
+    out = subprocess.run([sys.executable, "-c", "import os, builtins; print(os.environ.get('THEIRS_RAN'), "
+                          "builtins.open.__module__)"], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "ckpt_chaos.probe.auto"]
