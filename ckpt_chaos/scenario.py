@@ -89,18 +89,24 @@ nothing runs from a file that does not validate.
 
 from __future__ import annotations
 
+import string
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ckpt_chaos.faults import KINDS, FaultKind, Invalid, families, lookup
-from ckpt_chaos.probe import POINTS
+from ckpt_chaos.probe import POINTS, auto
 
 # Points the harness observes from outside, for trainers that do not call the probe.
 EXTERNAL_POINTS = (
     "fs.created",  # a file or directory whose path (relative to the run directory) matches when.path appeared
 )
+# Points only the automatic probe layer fires (file operations of any writer), for [command] trainers.
+AUTO_POINTS = tuple(p for p in dict.fromkeys(p for ps in auto.PATCH_POINTS.values() for p in ps) if p not in POINTS)
+# Points whose events carry a path (relative to the run directory), which when.path filters with a glob.
+PATH_POINTS = ("fs.created", *AUTO_POINTS, "ckpt.shard.write", "ckpt.shard.done", "ckpt.stage", "load.begin",
+               "load.end")
 
 # kind -> (family, one-line meaning), from the fault registry (ckpt_chaos/faults/). Families become
 # pytest markers, like the kinds themselves.
@@ -225,6 +231,28 @@ class Remote:
 
 
 @dataclass
+class Command:
+    """A trainer nobody here wrote, run unmodified as its own command line (``[command]``). The
+    automatic probe layer (``ckpt_chaos/probe/auto.py``) gives it the probe's points and records its
+    trajectory. Placeholders in ``argv`` and ``relaunch_argv``: {python} {run_dir} {ckpt_dir}
+    {world_size} {attempt}."""
+
+    argv: list[str] = field(default_factory=list)  # torchrun: its script and arguments; self: the whole command
+    launcher: str = "torchrun"  # torchrun (the harness starts world_size ranks) | self (argv starts its own ranks)
+    relaunch_argv: list[str] = field(default_factory=list)  # added to argv on every relaunch (--ckpt-path last)
+    ckpt_dir: str = "checkpoints"  # where it writes checkpoints, relative to the run directory
+    watch: list[str] = field(default_factory=list)  # more folders its checkpoints pass through (a staging /tmp)
+    key: list[str] = field(default_factory=list)  # globs (from the working directory) of files that key the golden run
+    complete: str = "*"  # glob in ckpt_dir: what the trainer itself counts as a complete checkpoint
+    save_every: int | None = None  # steps between its checkpoints: the bound on lost work
+    digest_every: int = 4  # steps between digests of the model and optimizer state in the trajectory
+
+
+COMMAND_LAUNCHERS = ("torchrun", "self")
+PLACEHOLDERS = ("python", "run_dir", "ckpt_dir", "world_size", "attempt")
+
+
+@dataclass
 class Recovery:
     relaunch: str = "harness"
     max_restarts: int = 1
@@ -259,6 +287,7 @@ class Scenario:
     storage: Storage = field(default_factory=Storage)
     cluster: Cluster = field(default_factory=Cluster)
     remote: Remote | None = None  # [remote]: the run has a remote checkpoint tier
+    command: Command | None = None  # [command]: an unmodified trainer of its own, instead of trainer_module
     recovery: Recovery = field(default_factory=Recovery)
     expect: Expect = field(default_factory=Expect)
     source: str = "<python>"  # the file it came from, for messages
@@ -308,6 +337,10 @@ class Scenario:
             d.pop("cluster")
         if self.remote is None:
             d.pop("remote")
+        if self.command is None:
+            d.pop("command")
+        else:
+            d["command"] = {k: v for k, v in d["command"].items() if v is not None}
         for part in ("recovery", "expect"):
             d[part] = {k: v for k, v in d[part].items() if v is not None}
         return d
@@ -411,7 +444,7 @@ def _check_target(target: str, s: Scenario, source: str, key: str) -> None:
 def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
     """Build and validate a scenario from a parsed table."""
     top = _take(Scenario, {k: v for k, v in data.items()
-                           if k not in ("faults", "recovery", "expect", "storage", "cluster", "remote")},
+                           if k not in ("faults", "recovery", "expect", "storage", "cluster", "remote", "command")},
                 source, "")
     raw_faults = data.get("faults", [])
     if not isinstance(raw_faults, list):
@@ -427,12 +460,15 @@ def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
                          f"allowed kinds: {', '.join(KINDS)}")
         spec = KINDS[f["kind"]]
         when = _take(Trigger, f["when"], source, f"{key}.when", required=("point",))
-        if when["point"] not in POINTS + EXTERNAL_POINTS:
+        if when["point"] not in POINTS + EXTERNAL_POINTS + AUTO_POINTS:
             raise _error(source, f"{key}.when.point", f"unknown probe point {when['point']!r}",
-                         f"allowed points: {', '.join(POINTS + EXTERNAL_POINTS)}")
-        if (when["point"] == "fs.created") != ("path" in when):
-            raise _error(source, f"{key}.when.path", "fs.created needs a path glob, and only it takes one",
+                         f"allowed points: {', '.join(POINTS + EXTERNAL_POINTS + AUTO_POINTS)}")
+        if when["point"] == "fs.created" and "path" not in when:
+            raise _error(source, f"{key}.when.path", "fs.created needs a path glob",
                          "e.g. when = { point = \"fs.created\", path = \"checkpoints/.tmp-step_00000008/*.distcp\" }")
+        if "path" in when and when["point"] not in PATH_POINTS:
+            raise _error(source, f"{key}.when.path", f"{when['point']} carries no path",
+                         f"path filters only {', '.join(PATH_POINTS)}")
         if when.get("nth", 1) < 1:
             raise _error(source, f"{key}.when.nth", "must be 1 or more", "count events from 1")
         f["when"] = Trigger(**when)
@@ -446,10 +482,11 @@ def from_dict(data: dict[str, Any], source: str, default_name: str) -> Scenario:
     storage = Storage(**_take(Storage, data.get("storage", {}), source, "storage"))
     cluster = Cluster(**_take(Cluster, data.get("cluster", {}), source, "cluster"))
     remote = Remote(**_take(Remote, data["remote"], source, "remote")) if "remote" in data else None
+    command = Command(**_take(Command, data["command"], source, "command")) if "command" in data else None
     recovery = Recovery(**_take(Recovery, data.get("recovery", {}), source, "recovery"))
     expect = Expect(**_take(Expect, data.get("expect", {}), source, "expect"))
     scenario = Scenario(name=top.pop("name", default_name), faults=faults, storage=storage, cluster=cluster,
-                        remote=remote, recovery=recovery,
+                        remote=remote, command=command, recovery=recovery,
                         expect=expect,
                         source=source, **top)
     validate(scenario)
@@ -466,6 +503,7 @@ def validate(s: Scenario) -> None:
     if s.storage.fs != "host" and not 8 <= s.storage.size_mb <= 4096:
         raise _error(src, "storage.size_mb", f"{s.storage.size_mb}", "use 8 to 4096 (MiB)")
     _check_cluster(s)
+    _check_command(s)
     if s.recovery.relaunch not in RELAUNCH:
         raise _error(src, "recovery.relaunch", f"unknown mode {s.recovery.relaunch!r}", f"allowed: {', '.join(RELAUNCH)}")
     if s.expect.trajectory not in TRAJECTORY:
@@ -522,6 +560,59 @@ def validate(s: Scenario) -> None:
                 cfg.validate(world)
         except (ConfigError, TypeError) as e:
             raise _error(src, "trainer", str(e), "fix the trainer table or the world sizes") from None
+
+
+def _check_command(s: Scenario) -> None:
+    src, c = s.source, s.command
+    if c is None:
+        for i, f in enumerate(s.faults):
+            if f.when.point in AUTO_POINTS:
+                raise _error(src, f"faults[{i}].when.point", f"{f.when.point} comes from the automatic probe layer, "
+                             f"which runs for a [command] trainer only", "use a point the trainer reports "
+                             "(ckpt_chaos/probe/__init__.py POINTS), or describe the trainer in a [command] table")
+        return
+    if s.trainer or s.trainer_module != "reference_trainer":
+        raise _error(src, "trainer" if s.trainer else "trainer_module", "a [command] trainer is configured on its "
+                     "command line", "drop it and put the settings in command.argv")
+    if not c.argv:
+        raise _error(src, "command.argv", "empty", "name the script and its arguments, "
+                     "e.g. argv = [\"train.py\", \"--ckpt-dir\", \"{ckpt_dir}\"]")
+    if c.launcher not in COMMAND_LAUNCHERS:
+        raise _error(src, "command.launcher", f"unknown launcher {c.launcher!r}",
+                     f"allowed: {', '.join(COMMAND_LAUNCHERS)}")
+    for key, args in (("command.argv", c.argv), ("command.relaunch_argv", c.relaunch_argv)):
+        for arg in args:
+            try:
+                names = [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
+            except ValueError as e:
+                raise _error(src, key, f"{arg!r}: {e}", "write a literal brace as {{ or }}") from None
+            bad = [n for n in names if n not in PLACEHOLDERS]
+            if bad:
+                raise _error(src, key, f"unknown placeholder {{{bad[0]}}} in {arg!r}",
+                             f"allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+    if not s.probe:
+        raise _error(src, "probe", "a [command] trainer is driven by the automatic probe layer", "use probe = true")
+    if s.cluster.multi_node or s.remote is not None:
+        raise _error(src, "cluster" if s.cluster.multi_node else "remote", "a [command] trainer runs on the local "
+                     "backend without a remote tier", "drop the table")
+    if c.launcher == "self" and s.recovery.relaunch == "torchrun":
+        raise _error(src, "recovery.relaunch", "torchrun restarts need torchrun as the launcher",
+                     "use relaunch = \"harness\", or command.launcher = \"torchrun\"")
+    if Path(c.ckpt_dir).is_absolute() or ".." in Path(c.ckpt_dir).parts or not c.ckpt_dir.strip("./"):
+        raise _error(src, "command.ckpt_dir", f"{c.ckpt_dir!r}", "name a folder inside the run directory, "
+                     "e.g. \"checkpoints\"")
+    spec = s.storage_spec()
+    if (spec.fs != "host" or spec.faultfs) and Path(c.ckpt_dir) != Path("checkpoints"):
+        raise _error(src, "command.ckpt_dir", f"storage faults act on the run directory's checkpoints folder, "
+                     f"not {c.ckpt_dir!r}", "use ckpt_dir = \"checkpoints\"")
+    if c.save_every is not None and c.save_every < 1:
+        raise _error(src, "command.save_every", f"{c.save_every}", "use the trainer's checkpoint interval in steps")
+    armed = auto.armed_points(auto.PATCH_POINTS)
+    for i, f in enumerate(s.faults):
+        if not f.when.external and f.when.point not in armed:
+            raise _error(src, f"faults[{i}].when.point", f"the automatic probe layer never fires {f.when.point!r}",
+                         f"use one of {', '.join(sorted(armed))} (or an external point: "
+                         f"{', '.join(EXTERNAL_POINTS)})")
 
 
 def _check_cluster(s: Scenario) -> None:

@@ -104,6 +104,7 @@ class Exited(Record):
     deadline_hit: bool = False
     grace_expired: list[float] = field(default_factory=list)  # a preemption's grace ran out at these times
     remote: dict | None = None  # the remote tier's snapshot
+    complete: dict | None = None  # a [command] trainer: what it counts as complete checkpoints, path -> size, mtime_ns
 
 
 @dataclass(kw_only=True)

@@ -235,13 +235,31 @@ def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = 
               "--rdzv-conf=is_host=false"])
     cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
            f"--max-restarts={max_restarts}", "-m", module, *trainer_args]
+    return _start(cmd, run_dir, full_env, marker, log_name)
+
+
+def _start(cmd: list[str], run_dir: Path, env: dict[str, str], marker: str, log_name: str) -> Job:
     log = open(run_dir / log_name, "ab")
     log.write(f"$ {' '.join(cmd)}\n".encode())
     log.flush()
-    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                              start_new_session=True, preexec_fn=_term_when_parent_dies)
     log.close()
     return Job(popen, marker, run_dir / log_name)
+
+
+def launch_command(run_dir: Path, nproc: int, argv: list[str], *, launcher: str = "torchrun",
+                   env: dict[str, str] | None = None, max_restarts: int = 0, log_name: str = "torchrun.log") -> Job:
+    """Start a trainer of its own: ``torchrun`` with ``nproc`` ranks running ``argv`` (a script and its
+    arguments, or ``-m MODULE ...``), or ``argv`` itself where the trainer starts its own ranks
+    (``launcher="self"``: Lightning, ``accelerate launch``). ``env`` comes on top of the harness's."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker = uuid.uuid4().hex
+    full_env = {**_base_env("ckpt_chaos"), JOB_MARKER: marker, **(env or {})}
+    if launcher == "torchrun":
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                f"--max-restarts={max_restarts}", *argv]
+    return _start(argv, run_dir, full_env, marker, log_name)
 
 
 # ---- the agent launcher: spares with torch imported ---------------------------------------------

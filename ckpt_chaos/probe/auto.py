@@ -97,6 +97,8 @@ class _State:
         self.extra: dict = {}
         self.last: dict | None = None
         self.optimizers: list = []
+        self.pre_digest = True  # digest the state before the next step: the first of a process, or after a save
+        self.pre: dict = {}
 
 
 _s = _State()
@@ -369,6 +371,7 @@ def _patch_torch(torch) -> None:
         rel = None if _quiet() or not isinstance(f, (str, os.PathLike)) else _watched(f)
         if rel is None:
             return save(obj, f, *args, **kwargs)
+        _staged()
         _point("ckpt.stage", name=_save_name(f), path=rel, via="torch.save")
         # Through a Python stream: torch writes a path itself, in C++, where no write can be seen.
         with _orig["io.open"](f, "wb", 0) as raw, _Watched(raw, rel, "torch.save") as stream:
@@ -422,11 +425,13 @@ def _patch_dcp(dcp) -> None:
 
     def _save(*args, **kwargs):
         target = _id(args, kwargs)
+        _staged()
         _point("ckpt.stage", name=_save_name(target), path=_watched(target) if target else None, via="dcp.save")
         return save(*args, **kwargs)
 
     def _async_save(*args, **kwargs):
         target = _id(args, kwargs)
+        _staged()
         _point("ckpt.stage", name=_save_name(target), path=_watched(target) if target else None,
                via="dcp.async_save")
         return async_save(*args, **kwargs)
@@ -524,6 +529,13 @@ def _before_step(opt, args, kwargs) -> None:
     done = _optimizer_step(opt)
     if done is None:
         done = _s.step_of.get(id(opt), 0)
+    if _rank() == 0 and _s.run_dir:
+        # What the diagnosis compares after a resume: the state the step starts from (after a load,
+        # the loaded one) against the golden run's before the same step (after its save).
+        _s.pre = _rng_digests()
+        if _s.pre_digest:
+            _s.pre.update({f"pre_{k}": v for k, v in digests(opt).items()})
+            _s.pre_digest = False
     _point("step.begin", step=done + 1)
 
 
@@ -540,10 +552,11 @@ def _after_step(opt, args, kwargs) -> None:
             rec["samples"] = _s.samples
         if _s.digest_every and step % _s.digest_every == 0:
             rec.update(digests(opt))
+        rec.update(_s.pre)
         rec.update(_s.extra)
         _append("trajectory.jsonl", rec)
         _s.last = {"step": step, "optimizer": opt}
-    _s.losses, _s.samples, _s.extra = [], [], {}
+    _s.losses, _s.samples, _s.extra, _s.pre = [], [], {}, {}
     _point("step.end", step=step)
 
 
@@ -573,6 +586,25 @@ def digests(opt) -> dict[str, str]:
                 state.update(key.encode())
                 state.update(_tensor_bytes(value) if hasattr(value, "detach") else repr(value).encode())
     return {"model_digest": model.hexdigest()[:16], "optimizer_digest": state.hexdigest()[:16]}
+
+
+def _rng_digests() -> dict[str, str]:
+    """The random streams a trainer draws from on the CPU: torch's, Python's and NumPy's (if imported)."""
+    import random
+
+    import torch
+
+    out = {"pre_rng": hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16],
+           "pre_python_rng": hashlib.sha256(repr(random.getstate()).encode()).hexdigest()[:16]}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        out["pre_numpy_rng"] = hashlib.sha256(repr(np.random.get_state()).encode()).hexdigest()[:16]
+    return out
+
+
+def _staged() -> None:
+    """A save starts: the state before the next step is digested (what a resume from it must restore)."""
+    _s.pre_digest = True
 
 
 def _tensor_bytes(t) -> bytes:

@@ -30,7 +30,8 @@ from pathlib import Path
 import psutil
 from filelock import FileLock
 
-from ckpt_chaos.check import checks as checker
+from ckpt_chaos.check import any_trainer, checks as checker
+from ckpt_chaos.run import command
 from ckpt_chaos.run.controller import ProbeServer
 from ckpt_chaos.run.triggers import Generator, launch_of
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, Healed, History, LaunchStarted,
@@ -155,8 +156,9 @@ class ChaosRun:
     """The state of one chaos run while it goes: launches, faults fired, snapshots."""
 
     def __init__(self, scenario: Scenario, run_dir: Path, storage: Storage, cluster: Cluster | None = None,
-                 remote: RemoteTier | None = None):
+                 remote: RemoteTier | None = None, planned: Path | None = None):
         self.s = scenario
+        self.planned = planned  # a [command] trainer's file sizes in its golden run
         self.remote = remote
         self.roles: dict[str, int] = {}  # job processes that are not ranks: "uploader" -> pid
         self.cluster = cluster
@@ -256,7 +258,10 @@ class ChaosRun:
                 restarts = s.recovery.max_restarts if mode == "torchrun" else 0
                 controller = server.address if s.probe else None
                 with self.lock:  # events of the new launch must find its job
-                    if self.cluster:
+                    if s.command is not None:
+                        job = command.launch(s, self.run_dir, n, world, server.address, planned=self.planned,
+                                             env=env, max_restarts=restarts)
+                    elif self.cluster:
                         elastic = mode == "torchrun" and s.resumed_world_size() != s.world_size
                         job = self.cluster.launch(n, world, s.trainer_module, trainer_args(base_cfg),
                                                   controller=controller, env=env, max_restarts=restarts,
@@ -291,7 +296,8 @@ class ChaosRun:
                     self.history.add(TornDown(launch=n, nodes=torn_down, after_s=round(job.torn_down_after_s, 2)))
                 self.history.add(Exited(launch=n, rc=rc, deadline_hit=timed_out, grace_expired=self.process.grace_expired,
                                         snapshot=snapshot_checkpoints(self.ckpt_root),
-                                        remote=self.remote.snapshot() if self.remote else None))
+                                        remote=self.remote.snapshot() if self.remote else None,
+                                        complete=command.complete(s, self.run_dir) if s.command else None))
                 if timed_out:
                     self.history.add(DeadlineHit(launch=n, deadline_s=s.expect.deadline_s))
                     break
@@ -365,7 +371,10 @@ class ChaosRun:
 
         Only with exit status 0 does that end the job: a launch that finished training and then died (its
         node lost while rank 0 drained the uploads) failed, and a scheduler starts it again, as the
-        checker's crash states already assume (found by ``ckpt-chaos explore --families remote``)."""
+        checker's crash states already assume (found by ``ckpt-chaos explore --families remote``).
+        A ``[command]`` trainer that exits 0 is done."""
+        if self.s.command is not None:
+            return True
         return any(e.get("attempt", 0) >= launch for e in trainer_events(self.run_dir, "finished"))
 
 
@@ -431,7 +440,7 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
     if why:
         base.reason = f"cannot inject {why}"
         return base
-    if not s.cluster.multi_node and s.recovery.relaunch != "torchrun":
+    if not s.cluster.multi_node and s.recovery.relaunch != "torchrun" and s.command is None:
         prewarm(s.trainer_module)  # its torch import overlaps the golden run's lookup and the storage set-up
     run_dir = Path(out_root) / s.name
     if run_dir.exists():
@@ -439,7 +448,11 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
     run_dir.mkdir(parents=True)
     (run_dir / "scenario.toml").write_text(s.to_toml())
     base.run_dir = str(run_dir)
-    golden = golden_run(s.trainer_module, s.trainer, s.world_size, golden_root)
+    if s.command is not None:
+        golden = command.golden_run(s, golden_root)
+        command.check_triggers(s, golden)
+    else:
+        golden = golden_run(s.trainer_module, s.trainer, s.world_size, golden_root)
     (run_dir / "golden").symlink_to(golden.resolve())
     spec = s.storage_spec()
     if spec.fs != "host" or spec.faultfs:
@@ -448,7 +461,8 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
         cluster_module.remove_leftovers()
     with Storage(run_dir, spec) as storage, _cluster_for(s, run_dir) as cluster, \
             _remote_for(s, run_dir, out_root) as remote:
-        chaos = ChaosRun(s, run_dir, storage, cluster, remote)
+        chaos = ChaosRun(s, run_dir, storage, cluster, remote,
+                         planned=golden / command.PLANNED if s.command is not None else None)
         try:
             chaos.run()
         finally:
@@ -485,7 +499,8 @@ def _cluster_for(s: Scenario, run_dir: Path):
 
 def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] = ()) -> Result:
     """Run the checkers over a stored run (also used by ``ckpt-chaos check`` to re-check later)."""
-    report = checker.check_run(s, Path(run_dir), Path(golden), list(harness_errors))
+    check = any_trainer.check_run if s.command is not None else checker.check_run
+    report = check(s, Path(run_dir), Path(golden), list(harness_errors))
     events = trainer_events(run_dir, "saved")
     saves = [e["total_s"] for e in events if e.get("total_s") is not None]
     stalls = [e["stall_s"] for e in events if e.get("stall_s") is not None]

@@ -1,0 +1,222 @@
+"""Checks that hold for any trainer (a scenario's ``[command]``), from what the automatic probe
+layer saw (its points in ``history.jsonl``, its ``trajectory.jsonl``) and what the trainer itself
+counts as a complete checkpoint (``command.complete``, listed at the end of every launch).
+
+* ``job_completed``: the last launch exited 0 having trained every step of the golden run;
+* ``job_failed`` (per fault that ends a launch): the faulted launch failed; a SIGTERM was honoured
+  within its grace period;
+* ``resumed_newest@N``: launch N loaded the newest checkpoint that was complete when launch N-1
+  ended, or started fresh when there was none;
+* ``no_torn_read@N``: launch N did not load a file that was still being written when launch N-1 died;
+* ``lost_work@N``: at most ``command.save_every`` steps trained again;
+* ``trajectory``: every step of the golden run, bit for bit (or within ``expect.rel_tol``), with a
+  diagnosis of the first divergent step: which recorded part differs (samples, learning rate, loss)
+  and, for the first step after a resume, which part of the state the step started from differs
+  from the golden run's at the same step (model, optimizer, RNG).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ckpt_chaos.check.checks import Report, Run, _faults_fired, _harness_health
+from ckpt_chaos.check.history import Exited, ProbeEvent, read_jsonl
+from ckpt_chaos.scenario import Scenario
+
+EXACT = ("loss_hex", "lr_hex", "samples", "model_digest", "optimizer_digest")
+STATE = {"pre_model_digest": "model", "pre_optimizer_digest": "optimizer", "pre_rng": "torch RNG",
+         "pre_python_rng": "Python RNG", "pre_numpy_rng": "NumPy RNG"}
+
+
+def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] | None = None) -> Report:
+    run = Run.load(s, run_dir, golden)
+    report = Report(launches=len(run.launches()))
+    _harness_health(run, report, harness_errors or [])
+    _faults_fired(run, report)
+    gold, got = _steps(golden), _steps(run_dir)
+    _completion(run, report, gold, got)
+    _fault_effects(run, report)
+    for launch in run.launches()[1:]:
+        _resume(run, report, launch)
+    _trajectory(run, report, gold, got)
+    return report
+
+
+def _steps(run_dir: Path) -> dict[int, dict]:
+    """Step -> record of rank 0; where a relaunch trained a step again, its record wins."""
+    return {r["step"]: r for r in read_jsonl(Path(run_dir) / "trajectory.jsonl")}
+
+
+def _probes(run: Run, point: str, launch: int, rank: int | None = 0) -> list[ProbeEvent]:
+    return [h for h in run.probes(point) if h.launch == launch and (rank is None or h.rank == rank)]
+
+
+def _completion(run: Run, report: Report, gold: dict, got: dict) -> None:
+    exits = run.records(Exited)
+    rc = exits[-1].rc if exits else None
+    last = max(gold, default=0)
+    ok = rc == 0 and last in got
+    report.add("job_completed", ok, f"the trainer exited 0 after {report.launches} launch(es), step {last} trained"
+               if ok else f"the job did not finish: last launch exit status {rc}, last step recorded "
+               f"{max(got, default=0)} of {last}; see torchrun.log")
+
+
+def _fault_effects(run: Run, report: Report) -> None:
+    for h in run.faults():
+        fault = run.s.faults[h.index]
+        ex = run.exit_of(h.launch)
+        if fault.kind == "term":
+            late = bool(ex and ex.grace_expired)
+            report.add("sigterm_honoured", not late, fault=h.index, detail=
+                       "the launch ended within the preemption's grace period" if not late else
+                       "the grace period ran out before the launch ended: the trainer ignored its SIGTERM or took "
+                       "too long to stop; it was SIGKILLed")
+            continue
+        if not fault.ends_launch or ex is None:
+            continue
+        report.add("job_failed", ex.rc != 0, fault=h.index, detail=f"launch {h.launch} exited with status {ex.rc}")
+
+
+def _loaded(run: Run, launch: int) -> str | None:
+    loads = _probes(run, "load.begin", launch)
+    return loads[0].info.get("path") if loads else None
+
+
+def _resume(run: Run, report: Report, launch: int) -> None:
+    before = run.exit_of(launch - 1)
+    complete = (before.complete or {}) if before else {}
+    loaded = _loaded(run, launch)
+    newest = max(complete, key=lambda p: (complete[p]["mtime_ns"], p)) if complete else None
+    if newest is None:
+        report.add("resumed_newest", loaded is None, at=launch, detail=
+                   "nothing was complete, and the launch started fresh" if loaded is None else
+                   f"it loaded {loaded}, although nothing matching command.complete was there")
+    elif loaded is None:
+        report.add("resumed_newest", False, at=launch, detail=f"it started fresh although {newest} was complete")
+    else:
+        ok = loaded == newest or loaded.startswith(newest.rstrip("/") + "/")
+        report.add("resumed_newest", ok, at=launch, detail=f"it loaded {loaded}, the newest complete checkpoint"
+                   if ok else f"it loaded {loaded}, but the newest complete checkpoint was {newest} "
+                   f"(complete: {', '.join(sorted(complete))})")
+    torn = _in_flight(run, launch - 1)
+    if loaded is not None:
+        hit = torn.get(loaded)
+        report.add("no_torn_read", hit is None, at=launch, detail=
+                   f"{loaded} was not being written when launch {launch - 1} ended" if hit is None else
+                   f"it loaded {loaded}, which was still being written when launch {launch - 1} ended "
+                   f"({hit} bytes of it written, never closed)")
+    every = run.s.command.save_every
+    reached = [h.info.get("step") for h in _probes(run, "step.end", launch - 1)]
+    started = [h.info.get("step") for h in _probes(run, "step.begin", launch)]
+    if every is None:
+        report.add("lost_work", "n/a", at=launch, detail="command.save_every is not given")
+    elif reached and started:
+        lost = max(reached) - (started[0] - 1)
+        report.add("lost_work", lost <= every, at=launch, detail=f"{lost} step(s) trained again, at most {every} "
+                   "allowed" + ("" if lost <= every else f": it went back to step {started[0] - 1} from {max(reached)}"))
+    else:
+        report.add("lost_work", "unknown", at=launch, detail="no step ended before the fault or began after it")
+
+
+def _in_flight(run: Run, launch: int) -> dict[str, int]:
+    """Files of a launch written to but never closed: what a crash left torn."""
+    open_: dict[str, int] = {}
+    for h in run.probes():
+        if h.launch != launch or "path" not in h.info:
+            continue
+        if h.point in ("file.write", "ckpt.shard.write"):
+            open_[h.info["path"]] = h.info.get("bytes", 0)
+        elif h.point in ("file.done", "ckpt.shard.done", "file.remove"):
+            open_.pop(h.info["path"], None)
+        elif h.point == "file.rename" and h.info.get("src") in open_:
+            open_[h.info["path"]] = open_.pop(h.info["src"])
+    return open_
+
+
+def _trajectory(run: Run, report: Report, gold: dict, got: dict) -> None:
+    missing = sorted(set(gold) - set(got))
+    if missing:
+        report.add("trajectory", False, f"steps {missing[0]}..{missing[-1]} of the golden run were never trained")
+        return
+    meta = json.loads((run.golden / "golden.json").read_text())
+    if run.s.expect.trajectory == "bit-exact" and not meta.get("deterministic", True):
+        d = meta["differs"]
+        report.add("trajectory", False, f"the trainer is not deterministic: two fault-free runs differ at step "
+                   f"{d['step']} ({', '.join(d['fields'])}), so no bit-exact comparison can hold; use "
+                   "expect.trajectory = \"tolerance\" with a stated rel_tol")
+        return
+    if run.s.expect.trajectory == "bit-exact":
+        for step in sorted(gold):
+            fields = [k for k in EXACT if k in gold[step] and gold[step].get(k) != got[step].get(k)]
+            if fields:
+                report.add("trajectory", False, _diagnose(run, gold, got, step, fields))
+                return
+        report.add("trajectory", True, f"{len(gold)} steps identical to the golden run, bit for bit")
+        return
+    tol, worst, at = run.s.expect.rel_tol, 0.0, None
+    for step in sorted(gold):
+        if gold[step].get("samples") != got[step].get("samples"):
+            report.add("trajectory", False, _diagnose(run, gold, got, step, ["samples"]))
+            return
+        a, b = _loss(gold[step]), _loss(got[step])
+        rel = abs(a - b) / max(abs(a), 1e-12)
+        if rel > worst:
+            worst, at = rel, step
+    report.add("trajectory", worst <= tol, f"same samples at every step; largest relative loss difference "
+               f"{worst:.3%} (step {at}), tolerance {tol:.1%}" if worst <= tol else
+               _diagnose(run, gold, got, at, [f"loss off by {worst:.2%} > {tol:.1%}"]))
+
+
+def _loss(rec: dict) -> float:
+    return sum(float.fromhex(x) for x in rec.get("loss_hex", "").split(",") if x)
+
+
+def _diagnose(run: Run, gold: dict, got: dict, step: int, fields: list[str]) -> str:
+    head = f"trajectory diverges at step {step} ({', '.join(fields)})"
+    if "samples" in fields:
+        head += ": the job trained on different samples than the golden run" + _shift(gold, got, step)
+    if "lr_hex" in fields:
+        head += (f": the learning rate is {float.fromhex(got[step]['lr_hex']):.6g} where the golden run's was "
+                 f"{float.fromhex(gold[step]['lr_hex']):.6g} (the LR schedule's state)")
+    resume = _resume_before(run, step)
+    if resume is None:
+        return head + ", before any resume: the fault changed training itself, or the trainer is not deterministic"
+    launch, first, loaded = resume
+    where = f"; it is {'the first step' if first == step else f'{step - first + 1} steps'} after resuming " \
+            f"from {loaded or 'nothing (a fresh start)'} (launch {launch})"
+    g, r = gold.get(first, {}), got.get(first, {})
+    unstable = json.loads((run.golden / "golden.json").read_text()).get("unstable", [])
+    keys = [k for k in STATE if k in g and k in r and k not in unstable]
+    if not keys:
+        return head + where + "; the state it started from was not recorded, so the cause cannot be narrowed down"
+    diff = [STATE[k] for k in keys if g[k] != r[k]]
+    same = [STATE[k] for k in keys if g[k] == r[k]]
+    if diff:
+        return (head + where + f"; the {', '.join(diff)} state it resumed with differs from the golden run's at step "
+                f"{first}" + (f" ({', '.join(same)} identical)" if same else ""))
+    return (head + where + f"; the {', '.join(same)} state it resumed with equals the golden run's, so the cause is "
+            "something none of them captures")
+
+
+def _resume_before(run: Run, step: int) -> tuple[int, int, str | None] | None:
+    """(launch, its first step, what it loaded) of the last relaunch that began at or before ``step``."""
+    best = None
+    for launch in run.launches()[1:]:
+        begins = [h.info.get("step") for h in _probes(run, "step.begin", launch)]
+        if begins and begins[0] <= step:
+            best = (launch, begins[0], _loaded(run, launch))
+    return best
+
+
+def _shift(gold: dict, got: dict, step: int) -> str:
+    ids = got.get(step, {}).get("samples")
+    match = [j for j in sorted(gold) if gold[j].get("samples") == ids]
+    if not match:
+        return " (its samples form no batch of the golden run)"
+    j = match[0]
+    if j < step:
+        return (f": its batch is the golden run's step {j}, so the data loader resumed {step - j} step(s) too early "
+                f"and {step - j} step(s) of samples are seen twice")
+    return (f": its batch is the golden run's step {j}, so the data loader resumed {j - step} step(s) too late "
+            f"and {j - step} step(s) of samples are skipped")

@@ -1,0 +1,188 @@
+"""Running a trainer of its own (a scenario's ``[command]``): its command line, the directories the
+probe layer watches, its golden run (recorded by the probe layer, twice, to tell a trainer that is
+not deterministic), and the check that every trigger names a point the golden run reached."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import sys
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+from filelock import FileLock
+
+from ckpt_chaos.check.any_trainer import EXACT
+from ckpt_chaos.check.history import read_jsonl
+from ckpt_chaos.config import golden_dir
+from ckpt_chaos.env.launcher import Job, launch_command, worker_pythonpath
+from ckpt_chaos.probe import auto
+from ckpt_chaos.run.controller import ProbeServer
+from ckpt_chaos.scenario import Scenario, ScenarioError
+
+PROBE_LOG = "probe.jsonl"  # the golden run's probe events, one per line
+PLANNED = "planned.json"
+WRITTEN = {"file.write": "file.done", "ckpt.shard.write": "ckpt.shard.done"}  # the golden run's file sizes: the plan of a chaos run's file.write fractions
+
+
+def argv(s: Scenario, run_dir: Path, attempt: int, world_size: int) -> list[str]:
+    c = s.command
+    values = {"python": sys.executable, "run_dir": str(run_dir), "ckpt_dir": str(run_dir / c.ckpt_dir),
+              "world_size": str(world_size), "attempt": str(attempt)}
+    args = c.argv + (c.relaunch_argv if attempt > 0 else [])
+    return [a.format(**values) for a in args]
+
+
+def watched(s: Scenario, run_dir: Path) -> list[Path]:
+    return [run_dir / s.command.ckpt_dir, *(Path(w) if os.path.isabs(w) else run_dir / w for w in s.command.watch)]
+
+
+def launch(s: Scenario, run_dir: Path, attempt: int, world_size: int, controller: str,
+           planned: Path | None = None, env: dict[str, str] | None = None, max_restarts: int = 0) -> Job:
+    for d in watched(s, run_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    layer = auto.environment(controller, run_dir, watched(s, run_dir), planned=planned,
+                             digest_every=s.command.digest_every, pythonpath=worker_pythonpath("ckpt_chaos"))
+    return launch_command(run_dir, world_size, argv(s, run_dir, attempt, world_size), launcher=s.command.launcher,
+                          env={**(env or {}), **layer}, max_restarts=max_restarts)
+
+
+def complete(s: Scenario, run_dir: Path) -> dict[str, dict]:
+    """The checkpoints the trainer itself would count as complete (``command.complete`` in its folder):
+    path relative to the run directory -> size and modification time."""
+    out = {}
+    for p in sorted((run_dir / s.command.ckpt_dir).glob(s.command.complete)):
+        try:
+            st = p.stat()
+            size = st.st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        except OSError:
+            continue  # removed while we looked
+        out[str(p.relative_to(run_dir))] = {"size": size, "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+def _key_files(s: Scenario) -> list[Path]:
+    found = sorted({Path(p) for pattern in s.command.key for p in glob.glob(pattern, recursive=True)
+                    if Path(p).is_file()})
+    return found
+
+
+def golden_key(s: Scenario) -> str:
+    h = hashlib.sha256()
+    for p in _key_files(s) + [Path(auto.__file__)]:  # the layer's code shapes the records too
+        h.update(str(p).encode())
+        h.update(p.read_bytes())
+    c = asdict(s.command)
+    blob = json.dumps({"argv": c["argv"], "launcher": c["launcher"], "ckpt_dir": c["ckpt_dir"], "watch": c["watch"],
+                       "digest_every": c["digest_every"], "world_size": s.world_size, "files": h.hexdigest(),
+                       "torch": importlib.metadata.version("torch"), "python": platform.python_version()},
+                      sort_keys=True)
+    return "cmd-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _golden_once(s: Scenario, work: Path, timeout: float) -> tuple[int | None, list[dict]]:
+    events: list[dict] = []
+    with ProbeServer(lambda e: events.append(e)) as server:
+        job = launch(s, work, 0, s.world_size, server.address)
+        try:
+            rc = job.wait(timeout)
+        finally:
+            job.kill()
+    with open(work / PROBE_LOG, "w") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+    return rc, events
+
+
+def golden_run(s: Scenario, root: Path | None = None, timeout: float = 600) -> Path:
+    """The fault-free run of a ``[command]`` trainer, made twice: ``golden.json`` says whether the two
+    trajectories are identical (``deterministic``) and, if not, at which step they first differ."""
+    root = Path(root) if root else golden_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    key = golden_key(s)
+    final = root / key
+    with FileLock(str(root / f"{key}.lock")):
+        if (final / "golden.json").is_file():
+            return final
+        runs = []
+        for n in (1, 2):
+            work = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+            rc, events = _golden_once(s, work, timeout)
+            if rc != 0:
+                log = (work / "torchrun.log").read_text()[-3000:] if (work / "torchrun.log").exists() else ""
+                raise ScenarioError(f"{s.source}: command: the trainer's fault-free run failed (exit {rc}); "
+                                    f"fix the command or the trainer; its log ({work / 'torchrun.log'}):\n{log}")
+            if not read_jsonl(work / "trajectory.jsonl"):
+                raise ScenarioError(f"{s.source}: command: the fault-free run recorded no optimizer step; the "
+                                    "automatic probe layer sees steps through torch.optim's step hooks: does the "
+                                    "trainer step a torch optimizer, in a process started by the command?")
+            runs.append((work, events))
+        (work, events), (other, _) = runs
+        differ = first_difference(work, other, EXACT)
+        (work / PLANNED).write_text(json.dumps(auto.planned_sizes(events)))
+        for d in watched(s, work):
+            if d.is_relative_to(work):
+                shutil.rmtree(d, ignore_errors=True)  # the records are what is kept
+        (work / "golden.json").write_text(json.dumps({"command": asdict(s.command), "world_size": s.world_size,
+                                                      "deterministic": differ is None, "differs": differ,
+                                                      "unstable": unstable(work, other)}))
+        shutil.rmtree(other, ignore_errors=True)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(work, final)
+    return final
+
+
+def first_difference(a: Path, b: Path, fields: tuple[str, ...]) -> dict | None:
+    """The first step where two runs' trajectories differ in ``fields``, and in which, or None."""
+    ta = {r["step"]: r for r in read_jsonl(a / "trajectory.jsonl")}
+    tb = {r["step"]: r for r in read_jsonl(b / "trajectory.jsonl")}
+    for step in sorted(set(ta) | set(tb)):
+        ra, rb = ta.get(step, {}), tb.get(step, {})
+        differ = sorted(k for k in fields if ra.get(k) != rb.get(k))
+        if differ:
+            return {"step": step, "fields": differ}
+    return None
+
+
+def unstable(a: Path, b: Path) -> list[str]:
+    """Recorded fields that differ between two fault-free runs anywhere (an unseeded Python RNG):
+    the diagnosis does not blame them."""
+    ta = {r["step"]: r for r in read_jsonl(a / "trajectory.jsonl")}
+    tb = {r["step"]: r for r in read_jsonl(b / "trajectory.jsonl")}
+    return sorted({k for step in set(ta) & set(tb) for k in set(ta[step]) | set(tb[step])
+                   if ta[step].get(k) != tb[step].get(k)})
+
+
+def check_triggers(s: Scenario, golden: Path) -> None:
+    """Every fault of the first launch names a point the golden run reached (with its filters on
+    rank and path): a trigger that cannot fire is an error before anything runs, not a fault that
+    quietly never fired."""
+    events = read_jsonl(golden / PROBE_LOG)
+    armed = sorted({p for e in events if e["point"] == "probe.armed" for p in e["info"]["points"]})
+    seen = {e["point"] for e in events}
+    for i, f in enumerate(s.faults):
+        if f.attempt != 0 or f.when.external:
+            continue
+        if f.when.point not in armed:
+            raise ScenarioError(f"{s.source}: faults[{i}].when.point: {f.when.point!r} is not armed in this trainer "
+                                f"(the probe layer armed {', '.join(armed) or 'nothing'}); use one of those")
+        # Without a plan the golden run reports a write only every MiB: a written file is its done point.
+        point = WRITTEN.get(f.when.point, f.when.point)
+        if point not in seen:
+            raise ScenarioError(f"{s.source}: faults[{i}].when.point: {f.when.point!r} never happened in the "
+                                f"fault-free run ({golden / PROBE_LOG}); use a point it reached: "
+                                f"{', '.join(sorted(seen - {'probe.armed'}))}")
+        if f.when.path is not None:
+            import fnmatch
+
+            paths = sorted({e["info"].get("path") or "" for e in events if e["point"] == point})
+            if not any(fnmatch.fnmatch(p, f.when.path) for p in paths):
+                raise ScenarioError(f"{s.source}: faults[{i}].when.path: no {f.when.point} of the fault-free run "
+                                    f"matches {f.when.path!r}; its paths: {', '.join(paths[:12])}")

@@ -1,0 +1,90 @@
+"""Any trainer, unmodified: the plain DDP example passes a kill in the middle of writing its
+checkpoint, and copies of it with a bug planted are caught, with the broken part named."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from ckpt_chaos.run.runner import run_scenario
+from ckpt_chaos.scenario import load
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = REPO / "examples" / "plain_ddp"
+MID_WRITE = EXAMPLE / "scenarios" / "kill-rank0-mid-file-write.toml"
+
+
+@pytest.fixture(scope="module")
+def golden_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("golden")
+
+
+def plant(tmp_path: Path, *edits: tuple[str, str]) -> Path:
+    """A copy of the example trainer with ``edits`` (old, new) made: a bug planted in it."""
+    text = (EXAMPLE / "train.py").read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, f"the example no longer has {old!r}: update the planted bug"
+        text = text.replace(old, new)
+    copy = tmp_path / "train.py"
+    copy.write_text(text)
+    return copy
+
+
+def run(tmp_path: Path, golden_root: Path, trainer: Path | None = None):
+    s = load(MID_WRITE)
+    if trainer is not None:
+        argv = [str(trainer) if a == "examples/plain_ddp/train.py" else a for a in s.command.argv]
+        s = dataclasses.replace(s, command=dataclasses.replace(s.command, argv=argv, key=[str(trainer)]))
+    return run_scenario(s, tmp_path / "out", golden_root)
+
+
+def checks(result) -> dict[str, tuple[str, str]]:
+    return {c["name"]: (c["verdict"], c["detail"]) for c in result.checks}
+
+
+def test_the_unmodified_example_survives_a_kill_half_way_through_its_checkpoint(tmp_path, golden_root):
+    r = run(tmp_path, golden_root)
+    assert r.verdict == "pass", r.reason
+    c = checks(r)
+    assert c["resumed_newest@1"] == ("pass", "it loaded checkpoints/step_00000004.pt, the newest complete checkpoint")
+    assert c["trajectory"] == ("pass", "12 steps identical to the golden run, bit for bit")
+    assert c["lost_work@1"][0] == "pass"
+
+
+def test_a_save_straight_to_the_final_name_is_caught_loading_a_torn_file(tmp_path, golden_root):
+    trainer = plant(tmp_path, ('    tmp = path.with_name(path.name + ".tmp")\n', "    tmp = path\n"),
+                    ("    os.replace(tmp, path)\n", ""))
+    r = run(tmp_path, golden_root, trainer)
+    assert r.verdict == "fail"
+    c = checks(r)
+    verdict, detail = c["no_torn_read@1"]
+    assert verdict == "fail"
+    assert detail.startswith("it loaded checkpoints/step_00000008.pt, which was still being written when launch 0 "
+                             "ended")
+    assert c["job_completed"][0] == "fail"  # torch.load cannot read the torn file
+
+
+def test_a_resume_that_does_not_restore_the_rng_is_caught_and_named(tmp_path, golden_root):
+    trainer = plant(tmp_path, ('        torch.set_rng_state(state["rng"][rank])\n', ""))
+    r = run(tmp_path, golden_root, trainer)
+    assert r.verdict == "fail"
+    verdict, detail = checks(r)["trajectory"]
+    assert verdict == "fail"
+    assert detail.startswith("trajectory diverges at step 5 (loss_hex")
+    assert "it is the first step after resuming from checkpoints/step_00000004.pt (launch 1)" in detail
+    assert "the torch RNG state it resumed with differs from the golden run's at step 5 (model, optimizer" in detail
+
+
+def test_a_data_loader_that_restarts_the_epoch_is_caught_and_named(tmp_path, golden_root):
+    trainer = plant(tmp_path, ('state["epoch"], state["batch_in_epoch"]', 'state["epoch"], 0'))
+    r = run(tmp_path, golden_root, trainer)
+    assert r.verdict == "fail"
+    verdict, detail = checks(r)["trajectory"]
+    assert verdict == "fail"
+    assert "trajectory diverges at step 5" in detail
+    assert ("the job trained on different samples than the golden run: its batch is the golden run's step 1, so "
+            "the data loader resumed 4 step(s) too early and 4 step(s) of samples are seen twice") in detail
