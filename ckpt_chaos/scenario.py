@@ -244,8 +244,10 @@ class Command:
     watch: list[str] = field(default_factory=list)  # more folders its checkpoints pass through (a staging /tmp)
     key: list[str] = field(default_factory=list)  # globs (from the working directory) of files that key the golden run
     complete: str = "*"  # glob in ckpt_dir: what the trainer itself counts as a complete checkpoint
+    env: dict[str, Any] = field(default_factory=dict)  # variables set for it (placeholders too): TMPDIR = "{run_dir}/tmp"
     save_every: int | None = None  # steps between its checkpoints: the bound on lost work
     digest_every: int = 4  # steps between digests of the model and optimizer state in the trajectory
+    requires: list[str] = field(default_factory=list)  # Python modules it imports (lightning): skipped, loudly, without
 
 
 COMMAND_LAUNCHERS = ("torchrun", "self")
@@ -580,7 +582,11 @@ def _check_command(s: Scenario) -> None:
     if c.launcher not in COMMAND_LAUNCHERS:
         raise _error(src, "command.launcher", f"unknown launcher {c.launcher!r}",
                      f"allowed: {', '.join(COMMAND_LAUNCHERS)}")
-    for key, args in (("command.argv", c.argv), ("command.relaunch_argv", c.relaunch_argv)):
+    bad_env = [k for k, v in c.env.items() if not isinstance(v, str)]
+    if bad_env:
+        raise _error(src, f"command.env.{bad_env[0]}", f"not a string: {c.env[bad_env[0]]!r}", "quote the value")
+    for key, args in (("command.argv", c.argv), ("command.relaunch_argv", c.relaunch_argv),
+                      ("command.env", list(c.env.values()))):
         for arg in args:
             try:
                 names = [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]

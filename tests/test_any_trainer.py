@@ -15,7 +15,7 @@ from tests.helpers import REPO
 pytestmark = pytest.mark.slow
 
 EXAMPLE = REPO / "examples" / "plain_ddp"
-MID_WRITE = EXAMPLE / "scenarios" / "kill-rank0-mid-file-write.toml"
+MID_WRITE = EXAMPLE / "scenarios" / "plain-ddp-kill-rank0-mid-file-write.toml"
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,8 @@ def test_a_save_straight_to_the_final_name_is_caught_loading_a_torn_file(tmp_pat
     c = checks(r)
     verdict, detail = c["no_torn_read@1"]
     assert verdict == "fail"
-    assert detail.startswith("it loaded checkpoints/step_00000008.pt, which was still being written when launch 0 "
-                             "ended")
+    assert detail.startswith("it loaded checkpoints/step_00000008.pt, which launch 0 left torn "
+                             "(checkpoints/step_00000008.pt:")
     assert c["job_completed"][0] == "fail"  # torch.load cannot read the torn file
 
 

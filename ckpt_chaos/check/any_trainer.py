@@ -85,7 +85,10 @@ def _loaded(run: Run, launch: int) -> str | None:
 
 def _resume(run: Run, report: Report, launch: int) -> None:
     before = run.exit_of(launch - 1)
-    complete = (before.complete or {}) if before else {}
+    torn = _in_flight(run, launch - 1)
+    # a torn file is not complete, whatever its name says
+    complete = {p: v for p, v in ((before.complete or {}) if before else {}).items()
+                if not any(t == p or t.startswith(p.rstrip("/") + "/") for t in torn)}
     loaded = _loaded(run, launch)
     newest = max(complete, key=lambda p: (complete[p]["mtime_ns"], p)) if complete else None
     if newest is None:
@@ -99,13 +102,12 @@ def _resume(run: Run, report: Report, launch: int) -> None:
         report.add("resumed_newest", ok, at=launch, detail=f"it loaded {loaded}, the newest complete checkpoint"
                    if ok else f"it loaded {loaded}, but the newest complete checkpoint was {newest} "
                    f"(complete: {', '.join(sorted(complete))})")
-    torn = _in_flight(run, launch - 1)
     if loaded is not None:
-        hit = torn.get(loaded)
-        report.add("no_torn_read", hit is None, at=launch, detail=
-                   f"{loaded} was not being written when launch {launch - 1} ended" if hit is None else
-                   f"it loaded {loaded}, which was still being written when launch {launch - 1} ended "
-                   f"({hit} bytes of it written, never closed)")
+        hit = sorted(p for p in torn if p == loaded or p.startswith(loaded.rstrip("/") + "/"))  # a file, or in a folder
+        report.add("no_torn_read", not hit, at=launch, detail=
+                   f"{loaded} was not being written when launch {launch - 1} ended" if not hit else
+                   f"it loaded {loaded}, which launch {launch - 1} left torn ("
+                   + ", ".join(f"{p}: {torn[p]} bytes written, not completed" for p in hit) + ")")
     every = run.s.command.save_every
     reached = [h.info.get("step") for h in _probes(run, "step.end", launch - 1)]
     started = [h.info.get("step") for h in _probes(run, "step.begin", launch)]
@@ -120,13 +122,16 @@ def _resume(run: Run, report: Report, launch: int) -> None:
 
 
 def _in_flight(run: Run, launch: int) -> dict[str, int]:
-    """Files of a launch written to but never closed: what a crash left torn."""
+    """Files of a launch written to but never closed, or closed after a write failed: what the launch
+    left torn (path -> bytes written)."""
     open_: dict[str, int] = {}
     for h in run.probes():
         if h.launch != launch or "path" not in h.info:
             continue
         if h.point in ("file.write", "ckpt.shard.write"):
             open_[h.info["path"]] = h.info.get("bytes", 0)
+        elif h.point in ("file.done", "ckpt.shard.done") and h.info.get("failed"):
+            open_[h.info["path"]] = h.info.get("bytes", 0)  # closed after a write failed: torn all the same
         elif h.point in ("file.done", "ckpt.shard.done", "file.remove"):
             open_.pop(h.info["path"], None)
         elif h.point == "file.rename" and h.info.get("src") in open_:

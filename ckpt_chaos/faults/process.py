@@ -43,13 +43,26 @@ def signal_pid(pid: int, sig: signal.Signals) -> bool:
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """Until each process is dead. A zombie is dead: it is not reaped here, since one may be the
+    harness's own child (a trainer that is its own launcher), whose exit status only its Popen may read."""
     procs = []
     for pid in pids:
         try:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(procs, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while procs and time.monotonic() < deadline:
+        procs = [p for p in procs if _running(p)]
+        if procs:
+            time.sleep(0.005)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def kill_local_node(job: Job, pids: list[int]) -> int:

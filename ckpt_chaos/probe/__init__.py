@@ -76,7 +76,7 @@ class _Controller:
         self._sock.connect(address)
         self._file = self._sock.makefile("rwb", buffering=0)
         self._lock = threading.Lock()
-        self._rank = int(os.environ.get("RANK", "0"))
+        self._rank = _rank()
         self._role = os.environ.get(ENV_ROLE, "rank")
         self._pid = os.getpid()
         self._seq = 0
@@ -88,8 +88,10 @@ class _Controller:
     def report(self, name: str, info: dict) -> None:
         with self._lock:
             self._seq += 1
-            msg = {"rank": self._rank, "role": self._role, "pid": self._pid, "seq": self._seq, "attempt": self._attempt,
-                   "restart": self._restart,
+            if self._rank is None:  # a launcher of its own may make the process group before telling the rank
+                self._rank = _rank()
+            msg = {"rank": 0 if self._rank is None else self._rank, "role": self._role, "pid": self._pid,
+                   "seq": self._seq, "attempt": self._attempt, "restart": self._restart,
                    "point": name, "t": time.time(), "info": info}
             try:
                 self._file.write(json.dumps(msg).encode() + b"\n")
@@ -108,6 +110,17 @@ class _Controller:
         answer = json.loads(line)
         if answer.get("do") == "raise":
             raise _exception(answer.get("error", "runtime"), answer.get("message", "injected fault"))
+
+
+def _rank() -> int | None:
+    """This process's global rank: torchrun's RANK, else the process group's once it exists (Lightning
+    starts its ranks itself and gives them only LOCAL_RANK), else None (not known yet)."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return None
 
 
 def _exception(kind: str, message: str) -> BaseException:

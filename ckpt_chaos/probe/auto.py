@@ -59,6 +59,7 @@ ENV_DIGEST_EVERY = "CKPT_CHAOS_DIGEST_EVERY"  # state digests every N steps (0: 
 
 CHUNK = 1 << 20  # bytes between file.write points when the file's size is not known
 TENTHS = 10
+WHOLE = 4096  # a first write at least this long, to a file with no planned size, is taken as the whole file
 
 # The points this layer can fire, by the patch that fires them.
 PATCH_POINTS = {
@@ -70,6 +71,8 @@ PATCH_POINTS = {
     "torch.load": ("load.begin", "load.end"),
     "torch.utils.data": (),
     "torch.distributed.checkpoint": ("ckpt.stage", "load.begin", "load.end"),
+    "lightning": ("ckpt.stage",),
+    "accelerate": ("ckpt.stage", "load.begin", "load.end"),
 }
 
 _orig = {"open": builtins.open, "io.open": io.open, "fsync": os.fsync, "fdatasync": getattr(os, "fdatasync", None),
@@ -174,15 +177,18 @@ class _Watched(io.RawIOBase):
         super().__init__()
         self._raw, self.rel, self.via = raw, rel, via
         self.written = 0
+        self.failed = None  # the error a write met: the file is torn, whoever closes it
         self.planned = _s.planned.get(rel)
         self._write_point, self._done_point = _kind(rel)
         self._next = self._boundary(0)
         _s.fds[raw.fileno()] = rel
 
     def _boundary(self, done: int) -> int:
+        """The byte count of the next report: the next tenth of the plan (rounded up, so a report at
+        tenth k has at least k/10 of the file), or the next MiB."""
         if self.planned:
-            step = max(1, self.planned // TENTHS)
-            return (done // step + 1) * step
+            k = done * TENTHS // self.planned + 1
+            return max(done + 1, -(-k * self.planned // TENTHS))
         return (done // CHUNK + 1) * CHUNK
 
     def writable(self):
@@ -209,9 +215,18 @@ class _Watched(io.RawIOBase):
     def write(self, b) -> int:
         view = memoryview(b).cast("B")
         total, pos = len(view), 0
+        if self.planned is None and self.written == 0 and total >= WHOLE:
+            # A file written in one call (a buffer serialized first, as Lightning does) is that call:
+            # its tenths are the file's, whatever the file's name (a random temporary one) was in the plan.
+            self.planned = total
+            self._next = self._boundary(0)
         while pos < total:
             take = min(total - pos, self._next - self.written)
-            self._raw.write(view[pos:pos + take])
+            try:
+                self._raw.write(view[pos:pos + take])
+            except OSError as e:
+                self.failed = e.strerror or repr(e)
+                raise
             pos += take
             self.written += take
             if self.written >= self._next:
@@ -231,7 +246,10 @@ class _Watched(io.RawIOBase):
         finally:
             _s.fds.pop(self._raw.fileno(), None)
             self._raw.close()
-        _point(self._done_point, path=self.rel, bytes=self.written, via=self.via)
+        info = {"path": self.rel, "bytes": self.written, "via": self.via}
+        if self.failed:
+            info["failed"] = self.failed
+        _point(self._done_point, **info)
 
 
 def _open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None, closefd=True, opener=None):
@@ -371,21 +389,24 @@ def _patch_torch(torch) -> None:
         rel = None if _quiet() or not isinstance(f, (str, os.PathLike)) else _watched(f)
         if rel is None:
             return save(obj, f, *args, **kwargs)
-        _staged()
-        _point("ckpt.stage", name=_save_name(f), path=rel, via="torch.save")
+        if not getattr(_s.local, "saving", 0):
+            _staged()
+            _point("ckpt.stage", name=_save_name(f), path=rel, via="torch.save")
         # Through a Python stream: torch writes a path itself, in C++, where no write can be seen.
         with _orig["io.open"](f, "wb", 0) as raw, _Watched(raw, rel, "torch.save") as stream:
             with _Quiet():
                 return save(obj, stream, *args, **kwargs)
 
     def _load(f, *args, **kwargs):
-        rel = None if _quiet() or not isinstance(f, (str, os.PathLike)) else _watched(f)
+        # a path, or an open file (Lightning opens it through fsspec): its name says where it is
+        where = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None) or getattr(f, "path", None)
+        rel = None if _quiet() or not isinstance(where, (str, os.PathLike)) else _watched(where)
         if rel is None:
             return load(f, *args, **kwargs)
-        _point("load.begin", name=_save_name(f), path=rel, via="torch.load")
+        _point("load.begin", name=_save_name(where), path=rel, via="torch.load")
         with _Quiet():
             out = load(f, *args, **kwargs)
-        _point("load.end", name=_save_name(f), path=rel, via="torch.load")
+        _point("load.end", name=_save_name(where), path=rel, via="torch.load")
         return out
 
     torch.save, torch.load = _save, _load
@@ -456,7 +477,53 @@ def _patch_dcp(dcp) -> None:
     _arm("torch.distributed.checkpoint")
 
 
-_AFTER_IMPORT = {"torch": _patch_torch, "torch.distributed.checkpoint": _patch_dcp}
+def _framework_save(cls, method: str, target_arg: str, via: str) -> None:
+    """A framework's own save (one checkpoint, however many files): ``ckpt.stage`` with its name."""
+    original = getattr(cls, method)
+
+    def save(self, *args, **kwargs):
+        target = kwargs.get(target_arg, args[0] if args else None)
+        _staged()
+        _point("ckpt.stage", name=_save_name(target), path=_watched(target) if target else None, via=via)
+        _s.local.saving = getattr(_s.local, "saving", 0) + 1  # its torch.save calls are files of this save
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _s.local.saving -= 1
+
+    setattr(cls, method, save)
+
+
+def _framework_load(cls, method: str, target_arg: str, via: str) -> None:
+    original = getattr(cls, method)
+
+    def load(self, *args, **kwargs):
+        target = kwargs.get(target_arg, args[0] if args else None)
+        info = {"name": _save_name(target), "path": _watched(target) if target else None, "via": via}
+        _point("load.begin", **info)
+        with _Quiet():  # its own torch.load calls are part of this load
+            out = original(self, *args, **kwargs)
+        _point("load.end", **info)
+        return out
+
+    setattr(cls, method, load)
+
+
+def _patch_lightning(module) -> None:
+    _framework_save(module.Trainer, "save_checkpoint", "filepath", "lightning")
+    _arm("lightning")
+
+
+def _patch_accelerate(module) -> None:
+    _framework_save(module.Accelerator, "save_state", "output_dir", "accelerate")
+    _framework_load(module.Accelerator, "load_state", "input_dir", "accelerate")
+    _arm("accelerate")
+
+
+_AFTER_IMPORT = {"torch": _patch_torch, "torch.distributed.checkpoint": _patch_dcp,
+                 "lightning.pytorch.trainer.trainer": _patch_lightning,
+                 "pytorch_lightning.trainer.trainer": _patch_lightning,
+                 "accelerate.accelerator": _patch_accelerate}
 
 
 class _Loader(importlib.abc.Loader):
@@ -506,13 +573,8 @@ def _ids(indices):
 
 
 def _rank() -> int:
-    for key in ("RANK", "LOCAL_RANK"):  # a launcher of its own may set only LOCAL_RANK
-        if key in os.environ:
-            return int(os.environ[key])
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return 0
+    rank = probe._rank()
+    return rank if rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def _optimizer_step(opt) -> int | None:

@@ -31,12 +31,31 @@ PLANNED = "planned.json"
 WRITTEN = {"file.write": "file.done", "ckpt.shard.write": "ckpt.shard.done"}  # the golden run's file sizes: the plan of a chaos run's file.write fractions
 
 
+def missing(s: Scenario) -> str | None:
+    """Why this machine cannot run the trainer: a module it needs is not installed."""
+    import importlib.util
+
+    absent = [m for m in s.command.requires if importlib.util.find_spec(m) is None]
+    if absent:
+        return (f"the trainer needs the Python module(s) {', '.join(absent)}, which are not installed "
+                "(for the examples: pip install 'ckpt-chaos[examples]')")
+    return None
+
+
+def _values(s: Scenario, run_dir: Path, attempt: int, world_size: int) -> dict[str, str]:
+    return {"python": sys.executable, "run_dir": str(run_dir), "ckpt_dir": str(run_dir / s.command.ckpt_dir),
+            "world_size": str(world_size), "attempt": str(attempt)}
+
+
 def argv(s: Scenario, run_dir: Path, attempt: int, world_size: int) -> list[str]:
     c = s.command
-    values = {"python": sys.executable, "run_dir": str(run_dir), "ckpt_dir": str(run_dir / c.ckpt_dir),
-              "world_size": str(world_size), "attempt": str(attempt)}
     args = c.argv + (c.relaunch_argv if attempt > 0 else [])
-    return [a.format(**values) for a in args]
+    return [a.format(**_values(s, run_dir, attempt, world_size)) for a in args]
+
+
+def environment(s: Scenario, run_dir: Path, attempt: int, world_size: int) -> dict[str, str]:
+    values = _values(s, run_dir, attempt, world_size)
+    return {k: v.format(**values) for k, v in s.command.env.items()}
 
 
 def watched(s: Scenario, run_dir: Path) -> list[Path]:
@@ -45,12 +64,13 @@ def watched(s: Scenario, run_dir: Path) -> list[Path]:
 
 def launch(s: Scenario, run_dir: Path, attempt: int, world_size: int, controller: str,
            planned: Path | None = None, env: dict[str, str] | None = None, max_restarts: int = 0) -> Job:
-    for d in watched(s, run_dir):
-        d.mkdir(parents=True, exist_ok=True)
+    own = environment(s, run_dir, attempt, world_size)
+    for d in watched(s, run_dir) + ([Path(own["TMPDIR"])] if "TMPDIR" in own else []):
+        d.mkdir(parents=True, exist_ok=True)  # a TMPDIR that does not exist is silently not used
     layer = auto.environment(controller, run_dir, watched(s, run_dir), planned=planned,
                              digest_every=s.command.digest_every, pythonpath=worker_pythonpath("ckpt_chaos"))
     return launch_command(run_dir, world_size, argv(s, run_dir, attempt, world_size), launcher=s.command.launcher,
-                          env={**(env or {}), **layer}, max_restarts=max_restarts)
+                          env={**(env or {}), **own, **layer}, max_restarts=max_restarts)
 
 
 def complete(s: Scenario, run_dir: Path) -> dict[str, dict]:
@@ -80,7 +100,7 @@ def golden_key(s: Scenario) -> str:
         h.update(p.read_bytes())
     c = asdict(s.command)
     blob = json.dumps({"argv": c["argv"], "launcher": c["launcher"], "ckpt_dir": c["ckpt_dir"], "watch": c["watch"],
-                       "digest_every": c["digest_every"], "world_size": s.world_size, "files": h.hexdigest(),
+                       "env": c["env"], "digest_every": c["digest_every"], "world_size": s.world_size, "files": h.hexdigest(),
                        "torch": importlib.metadata.version("torch"), "python": platform.python_version()},
                       sort_keys=True)
     return "cmd-" + hashlib.sha256(blob.encode()).hexdigest()[:20]

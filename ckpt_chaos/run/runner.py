@@ -436,7 +436,7 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path | None = None) -
 def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) -> Result:
     started = time.monotonic()
     base = Result(scenario=s.name, verdict="skipped", families=s.families, kinds=s.kinds, tags=s.tags)
-    why = requirements(s)
+    why = requirements(s) or (command.missing(s) if s.command is not None else None)
     if why:
         base.reason = f"cannot inject {why}"
         return base
