@@ -68,6 +68,7 @@ chaos-examples: setup
 bench: setup
 	$(PY) benchmarks/launch_phases.py --rounds 5
 	$(PY) benchmarks/scenario_cost.py --rounds 3 --explore-s 300
+	$(PY) benchmarks/probe_layer.py --rounds 3
 	$(PY) benchmarks/storage_stall.py --rounds 5
 	$(PY) benchmarks/backend_startup.py --rounds 5
 	$(PY) benchmarks/remote_upload.py --rounds 5

@@ -406,7 +406,23 @@ def _cost_md(d: dict) -> str:
                                         rows))
 
 
+def _probe_md(d: dict) -> str:
+    cost = [[name, f"{e['step_s_without'] * 1e3:.2f} ms", f"{e['step_s_with'] * 1e3:.2f} ms", f"× {e['ratio']:.3f}"]
+            for name, e in d["cost"].items()]
+    p = d["precision"]
+    prec = [[f"{r['fraction']:.1f}", f"{r['planned_bytes']} B", f"{r['on_disk_bytes']} B",
+             f"{r['landed']:.3f}" if r["landed"] is not None else "not reached"] for r in p["rows"]]
+    return (f"`{d['command']}` ({d['cpus']} CPUs, Python {d['python']}). Step time of each example trainer (2 "
+            "ranks) without and with the automatic probe layer, from the difference of a short and a long run "
+            "so that start-up cancels; medians over the rounds.\n\n"
+            + _md(["trainer", "step without", "step with", "ratio"], cost)
+            + f"\n\nA SIGKILL at `file.write` with `min_fraction` f of `{p['file']}` (plain DDP loop): bytes on "
+            "disk against f of the size planned from the fault-free run.\n\n"
+            + _md(["f", "planned", "on disk", "landed at"], prec))
+
+
 TABLES = {
+    "probe_layer": ("What the automatic probe layer costs, and where its faults land", _probe_md),
     "launch_phases": ("Where a launch's time goes", _launch_md),
     "scenario_cost": ("What one scenario and a search minute cost", _cost_md),
     "checkpoint_overhead": ("What checkpointing costs the reference trainer", overhead_md),

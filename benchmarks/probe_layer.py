@@ -1,0 +1,143 @@
+"""What the automatic probe layer costs an unmodified trainer, and how precisely it places a fault.
+
+Cost: each example trainer (the plain DDP loop under torchrun, Lightning with its own launching,
+Accelerate under ``accelerate launch``; 2 ranks) trains ``--short`` and ``--long`` steps without the
+layer and with it (every point answered by a controller, state digests every 4 steps), the four runs
+in turn within each round. Its step time is ``(T(long) - T(short)) / (long - short)``, so the
+start-up cancels; the table gives medians over the rounds and the ratio with / without.
+
+Precision: the plain DDP loop is SIGKILLed at ``file.write`` of its step-8 checkpoint with
+``min_fraction`` f (0.1 to 0.9; the size planned from a fault-free run), and the bytes on disk are
+compared with f of the planned size.
+
+    python benchmarks/probe_layer.py --rounds 3   # writes benchmarks/results/probe_layer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ckpt_chaos.env.launcher import worker_pythonpath  # noqa: E402
+from ckpt_chaos.probe import auto  # noqa: E402
+from ckpt_chaos.run.controller import ProbeServer  # noqa: E402
+
+PY = sys.executable
+TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+TRAINERS = {
+    "plain DDP (torchrun)": [*TORCHRUN, "examples/plain_ddp/train.py"],
+    "Lightning": [PY, "examples/lightning/train.py"],
+    "Accelerate": [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+                   "1", "--mixed_precision", "no", "--dynamo_backend", "no", "examples/accelerate/train.py"],
+}
+FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
+CKPT = "ckpt/step_00000008.pt.tmp"
+
+
+def _env(run_dir: Path, server: ProbeServer | None, planned: Path | None = None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": worker_pythonpath("ckpt_chaos")}
+    if server is not None:
+        env.update(auto.environment(server.address, run_dir, [run_dir / "ckpt"], planned=planned, digest_every=4,
+                                    pythonpath=env["PYTHONPATH"]))
+    return env
+
+
+def train(cmd: list[str], steps: int, layer: bool, save_every: int = 100000, planned: Path | None = None,
+          on_event=None) -> tuple[float, Path, list[dict]]:
+    run_dir = Path(tempfile.mkdtemp(prefix="cc-probe-"))
+    events: list[dict] = []
+
+    def answer(e):
+        events.append(e)
+        return on_event(e) if on_event else None
+
+    argv = [*cmd, "--ckpt-dir", str(run_dir / "ckpt"), "--steps", str(steps), "--save-every", str(save_every)]
+    server = ProbeServer(answer) if layer else None
+    try:
+        t = time.monotonic()
+        p = subprocess.run(argv, cwd=ROOT, env=_env(run_dir, server, planned), capture_output=True, text=True)
+        wall = time.monotonic() - t
+    finally:
+        if server is not None:
+            server.close()
+    if p.returncode != 0 and on_event is None:
+        raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return wall, run_dir, events
+
+
+def cost(rounds: int, short: int, long: int) -> dict:
+    out = {}
+    for name, cmd in TRAINERS.items():
+        per = {False: [], True: []}
+        for r in range(rounds):
+            for layer in (False, True):
+                walls = {}
+                for steps in (short, long):
+                    wall, run_dir, _ = train(cmd, steps, layer)
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                    walls[steps] = wall
+                per[layer].append((walls[long] - walls[short]) / (long - short))
+                print(f"round {r + 1}/{rounds} {name:22s} layer={'on ' if layer else 'off'} "
+                      f"step {per[layer][-1] * 1e3:.2f} ms", flush=True)
+        off, on = statistics.median(per[False]), statistics.median(per[True])
+        out[name] = {"step_s_without": off, "step_s_with": on, "ratio": on / off,
+                     "rounds_without": per[False], "rounds_with": per[True]}
+    return out
+
+
+def precision() -> dict:
+    cmd = TRAINERS["plain DDP (torchrun)"]
+    _, golden, events = train(cmd, 12, True, save_every=4)
+    sizes = auto.planned_sizes(events)
+    shutil.rmtree(golden, ignore_errors=True)
+    plan = Path(tempfile.mkdtemp(prefix="cc-plan-")) / "planned.json"
+    plan.write_text(json.dumps(sizes))
+    rows = []
+    for f in FRACTIONS:
+        hit: list[dict] = []
+
+        def kill(e, f=f, hit=hit):
+            info = e.get("info", {})
+            if not hit and e["point"] == "file.write" and info.get("path") == CKPT and info.get("fraction", 0) >= f:
+                hit.append(e)
+                os.kill(e["pid"], signal.SIGKILL)
+
+        _, run_dir, _ = train(cmd, 12, True, save_every=4, planned=plan, on_event=kill)
+        on_disk = (run_dir / CKPT).stat().st_size if (run_dir / CKPT).exists() else None
+        shutil.rmtree(run_dir, ignore_errors=True)
+        rows.append({"fraction": f, "planned_bytes": sizes[CKPT], "on_disk_bytes": on_disk,
+                     "landed": on_disk / sizes[CKPT] if on_disk is not None else None})
+        print(f"kill at {f:.1f} of {sizes[CKPT]} B: {on_disk} B on disk", flush=True)
+    return {"file": CKPT, "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--short", type=int, default=20)
+    ap.add_argument("--long", type=int, default=320)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "probe_layer.json")
+    args = ap.parse_args()
+    result = {"command": f"python benchmarks/probe_layer.py --rounds {args.rounds} --short {args.short} "
+                         f"--long {args.long}",
+              "cpus": os.cpu_count(), "python": platform.python_version(),
+              "cost": cost(args.rounds, args.short, args.long), "precision": precision()}
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
