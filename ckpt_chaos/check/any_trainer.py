@@ -117,8 +117,11 @@ def _resume(run: Run, report: Report, launch: int) -> None:
         lost = max(reached) - (started[0] - 1)
         report.add("lost_work", lost <= every, at=launch, detail=f"{lost} step(s) trained again, at most {every} "
                    "allowed" + ("" if lost <= every else f": it went back to step {started[0] - 1} from {max(reached)}"))
+    elif not started:
+        report.add("lost_work", "unknown", at=launch, detail=f"launch {launch} began no step: it failed before "
+                   "its first, so how much it would have trained again is not known")
     else:
-        report.add("lost_work", "unknown", at=launch, detail="no step ended before the fault or began after it")
+        report.add("lost_work", "unknown", at=launch, detail=f"launch {launch - 1} ended no step before it ended")
 
 
 def _in_flight(run: Run, launch: int) -> dict[str, int]:
