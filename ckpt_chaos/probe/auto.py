@@ -594,9 +594,8 @@ def _before_step(opt, args, kwargs) -> None:
     if _rank() == 0 and _s.run_dir:
         # What the diagnosis compares after a resume: the state the step starts from (after a load,
         # the loaded one) against the golden run's before the same step (after its save).
-        _s.pre = _rng_digests()
         if _s.pre_digest:
-            _s.pre.update({f"pre_{k}": v for k, v in digests(opt).items()})
+            _s.pre = {**_rng_digests(), **{f"pre_{k}": v for k, v in digests(opt).items()}}
             _s.pre_digest = False
     _point("step.begin", step=done + 1)
 
