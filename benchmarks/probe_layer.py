@@ -2,8 +2,10 @@
 
 Cost: each example trainer (the plain DDP loop under torchrun, Lightning with its own launching,
 Accelerate under ``accelerate launch``; 2 ranks) trains ``--short`` and ``--long`` steps without the
-layer and with it (every point answered by a controller, state digests every 4 steps), the four runs
-in turn within each round. Its step time is ``(T(long) - T(short)) / (long - short)``, so the
+layer, with it as a chaos run has it when no trigger names a per-step point (file and save points
+answered by a controller, the trajectory recorded, state digests every 4 steps), and with every
+per-step point sent too (as in a golden run, or a scenario that triggers on steps), in turn within
+each round. Its step time is ``(T(long) - T(short)) / (long - short)``, so the
 start-up cancels; the table gives medians over the rounds and the ratio with / without.
 
 Precision: the plain DDP loop is SIGKILLed at ``file.write`` of its step-8 checkpoint with
@@ -47,16 +49,19 @@ FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)
 CKPT = "ckpt/step_00000008.pt.tmp"
 
 
-def _env(run_dir: Path, server: ProbeServer | None, planned: Path | None = None) -> dict[str, str]:
+MODES = {"off": None, "on": (), "on, every step point": None}  # step points sent to the controller
+
+
+def _env(run_dir: Path, server: ProbeServer | None, planned: Path | None = None, step_points=None) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": worker_pythonpath("ckpt_chaos")}
     if server is not None:
         env.update(auto.environment(server.address, run_dir, [run_dir / "ckpt"], planned=planned, digest_every=4,
-                                    pythonpath=env["PYTHONPATH"]))
+                                    pythonpath=env["PYTHONPATH"], step_points=step_points))
     return env
 
 
 def train(cmd: list[str], steps: int, layer: bool, save_every: int = 100000, planned: Path | None = None,
-          on_event=None) -> tuple[float, Path, list[dict]]:
+          on_event=None, step_points=None) -> tuple[float, Path, list[dict]]:
     run_dir = Path(tempfile.mkdtemp(prefix="cc-probe-"))
     events: list[dict] = []
 
@@ -69,7 +74,8 @@ def train(cmd: list[str], steps: int, layer: bool, save_every: int = 100000, pla
         server = ProbeServer(answer) if layer else None
         try:
             t = time.monotonic()
-            p = subprocess.run(argv, cwd=ROOT, env=_env(run_dir, server, planned), capture_output=True, text=True)
+            p = subprocess.run(argv, cwd=ROOT, env=_env(run_dir, server, planned, step_points), capture_output=True,
+                               text=True)
             wall = time.monotonic() - t
         finally:
             if server is not None:
@@ -88,20 +94,21 @@ def train(cmd: list[str], steps: int, layer: bool, save_every: int = 100000, pla
 def cost(rounds: int, short: int, long: int) -> dict:
     out = {}
     for name, cmd in TRAINERS.items():
-        per = {False: [], True: []}
+        per = {mode: [] for mode in MODES}
         for r in range(rounds):
-            for layer in (False, True):
+            for mode, points in MODES.items():
                 walls = {}
                 for steps in (short, long):
-                    wall, run_dir, _ = train(cmd, steps, layer)
+                    wall, run_dir, _ = train(cmd, steps, mode != "off", step_points=points)
                     shutil.rmtree(run_dir, ignore_errors=True)
                     walls[steps] = wall
-                per[layer].append((walls[long] - walls[short]) / (long - short))
-                print(f"round {r + 1}/{rounds} {name:22s} layer={'on ' if layer else 'off'} "
-                      f"step {per[layer][-1] * 1e3:.2f} ms", flush=True)
-        off, on = statistics.median(per[False]), statistics.median(per[True])
-        out[name] = {"step_s_without": off, "step_s_with": on, "ratio": on / off,
-                     "rounds_without": per[False], "rounds_with": per[True]}
+                per[mode].append((walls[long] - walls[short]) / (long - short))
+                print(f"round {r + 1}/{rounds} {name:22s} layer {mode:22s} step {per[mode][-1] * 1e3:.2f} ms",
+                      flush=True)
+        med = {mode: statistics.median(v) for mode, v in per.items()}
+        out[name] = {"step_s_without": med["off"], "step_s_with": med["on"], "ratio": med["on"] / med["off"],
+                     "step_s_every_point": med["on, every step point"],
+                     "ratio_every_point": med["on, every step point"] / med["off"], "rounds": per}
     return out
 
 

@@ -407,15 +407,18 @@ def _cost_md(d: dict) -> str:
 
 
 def _probe_md(d: dict) -> str:
-    cost = [[name, f"{e['step_s_without'] * 1e3:.2f} ms", f"{e['step_s_with'] * 1e3:.2f} ms", f"× {e['ratio']:.3f}"]
+    cost = [[name, f"{e['step_s_without'] * 1e3:.2f} ms", f"{e['step_s_with'] * 1e3:.2f} ms", f"× {e['ratio']:.3f}",
+             f"{e['step_s_every_point'] * 1e3:.2f} ms" if "step_s_every_point" in e else "",
+             f"× {e['ratio_every_point']:.3f}" if "ratio_every_point" in e else ""]
             for name, e in d["cost"].items()]
     p = d["precision"]
     prec = [[f"{r['fraction']:.1f}", f"{r['planned_bytes']} B", f"{r['on_disk_bytes']} B",
              f"{r['landed']:.3f}" if r["landed"] is not None else "not reached"] for r in p["rows"]]
     return (f"`{d['command']}` ({d['cpus']} CPUs, Python {d['python']}). Step time of each example trainer (2 "
-            "ranks) without and with the automatic probe layer, from the difference of a short and a long run "
+            "ranks) without the automatic probe layer, with it as a chaos run has it when no trigger names a per-step "
+            "point, and with every per-step point sent to the controller (a golden run), from the difference of a short and a long run "
             "so that start-up cancels; medians over the rounds.\n\n"
-            + _md(["trainer", "step without", "step with", "ratio"], cost)
+            + _md(["trainer", "step without", "step with", "ratio", "with every step point", "ratio"], cost)
             + f"\n\nA SIGKILL at `file.write` with `min_fraction` f of `{p['file']}` (plain DDP loop): bytes on "
             "disk against f of the size planned from the fault-free run.\n\n"
             + _md(["f", "planned", "on disk", "landed at"], prec))

@@ -73,9 +73,9 @@ def test_a_resume_that_does_not_restore_the_rng_is_caught_and_named(tmp_path, go
     r = run(tmp_path, golden_root, trainer)
     assert r.verdict == "fail"
     verdict, detail = checks(r)["trajectory"]
-    assert verdict == "fail"
-    assert detail.startswith("trajectory diverges at step 5 (loss_hex")
-    assert "it is the first step after resuming from checkpoints/step_00000004.pt (launch 1)" in detail
+    assert verdict == "fail", r.checks
+    assert detail.startswith("trajectory diverges at step 5 (loss_hex"), r.checks
+    assert "it is the first step after resuming from checkpoints/step_00000004.pt (launch 1)" in detail, detail
     assert "the torch RNG state it resumed with differs from the golden run's at step 5 (model, optimizer" in detail
 
 
@@ -84,7 +84,7 @@ def test_a_data_loader_that_restarts_the_epoch_is_caught_and_named(tmp_path, gol
     r = run(tmp_path, golden_root, trainer)
     assert r.verdict == "fail"
     verdict, detail = checks(r)["trajectory"]
-    assert verdict == "fail"
-    assert "trajectory diverges at step 5" in detail
+    assert verdict == "fail", r.checks
+    assert "trajectory diverges at step 5" in detail, r.checks
     assert ("the job trained on different samples than the golden run: its batch is the golden run's step 1, so "
             "the data loader resumed 4 step(s) too early and 4 step(s) of samples are seen twice") in detail

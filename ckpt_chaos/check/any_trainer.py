@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from ckpt_chaos.check.checks import Report, Run, _faults_fired, _harness_health
-from ckpt_chaos.check.history import Exited, ProbeEvent, read_jsonl
+from ckpt_chaos.check.history import Exited, ProbeEvent, read_jsonl, trajectory_records
 from ckpt_chaos.scenario import Scenario
 
 EXACT = ("loss_hex", "lr_hex", "samples", "model_digest", "optimizer_digest")
@@ -109,8 +109,8 @@ def _resume(run: Run, report: Report, launch: int) -> None:
                    f"it loaded {loaded}, which launch {launch - 1} left torn ("
                    + ", ".join(f"{p}: {torn[p]} bytes written, not completed" for p in hit) + ")")
     every = run.s.command.save_every
-    reached = [h.info.get("step") for h in _probes(run, "step.end", launch - 1)]
-    started = [h.info.get("step") for h in _probes(run, "step.begin", launch)]
+    reached = _trained(run, launch - 1)
+    started = _trained(run, launch)
     if every is None:
         report.add("lost_work", "n/a", at=launch, detail="command.save_every is not given")
     elif reached and started:
@@ -122,6 +122,11 @@ def _resume(run: Run, report: Report, launch: int) -> None:
                    "its first, so how much it would have trained again is not known")
     else:
         report.add("lost_work", "unknown", at=launch, detail=f"launch {launch - 1} ended no step before it ended")
+
+
+def _trained(run: Run, launch: int) -> list[int]:
+    """The steps a launch trained, in order (rank 0's trajectory records of that launch)."""
+    return [r["step"] for r in trajectory_records(run.dir) if r.get("attempt", 0) == launch]
 
 
 def _in_flight(run: Run, launch: int) -> dict[str, int]:
@@ -211,7 +216,7 @@ def _resume_before(run: Run, step: int) -> tuple[int, int, str | None] | None:
     """(launch, its first step, what it loaded) of the last relaunch that began at or before ``step``."""
     best = None
     for launch in run.launches()[1:]:
-        begins = [h.info.get("step") for h in _probes(run, "step.begin", launch)]
+        begins = _trained(run, launch)
         if begins and begins[0] <= step:
             best = (launch, begins[0], _loaded(run, launch))
     return best

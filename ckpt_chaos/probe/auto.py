@@ -56,6 +56,11 @@ ENV_DIRS = "CKPT_CHAOS_AUTO_DIRS"  # os.pathsep-separated directories whose file
 ENV_RUN_DIR = "CKPT_CHAOS_RUN_DIR"  # where the recorder writes (the harness's run directory)
 ENV_PLANNED = "CKPT_CHAOS_PLANNED"  # JSON file: {path relative to the run directory: bytes in the golden run}
 ENV_DIGEST_EVERY = "CKPT_CHAOS_DIGEST_EVERY"  # state digests every N steps (0: at exit only)
+# Which of the per-step points go to the controller: "all" (unset), or those a fault's trigger names
+# (comma-separated, may be empty). Each is a round trip on every step, which a short step feels; the
+# checks read the steps from the trajectory.
+ENV_STEP_POINTS = "CKPT_CHAOS_STEP_POINTS"
+STEP_POINTS = ("step.begin", "step.end", "microstep.end")
 
 CHUNK = 1 << 20  # bytes between file.write points when the file's size is not known
 TENTHS = 10
@@ -100,6 +105,8 @@ class _State:
         self.extra: dict = {}
         self.last: dict | None = None
         self.optimizers: list = []
+        self.step_points: frozenset[str] = frozenset(STEP_POINTS)
+        self.attempt = 0  # the launch, as the probe counts it (a harness relaunch or a torchrun restart)
         self.pre_digest = True  # digest the state before the next step: the first of a process, or after a save
         self.pre: dict = {}
 
@@ -597,7 +604,8 @@ def _before_step(opt, args, kwargs) -> None:
         if _s.pre_digest:
             _s.pre = {**_rng_digests(), **{f"pre_{k}": v for k, v in digests(opt).items()}}
             _s.pre_digest = False
-    _point("step.begin", step=done + 1)
+    if "step.begin" in _s.step_points:
+        _point("step.begin", step=done + 1)
 
 
 def _after_step(opt, args, kwargs) -> None:
@@ -608,7 +616,8 @@ def _after_step(opt, args, kwargs) -> None:
         step = _s.step_of.get(id(opt), 0) + 1
     _s.step_of[id(opt)] = step
     if _rank() == 0 and _s.run_dir:
-        rec = {"step": step, "loss_hex": ",".join(_s.losses), "lr_hex": float(opt.param_groups[0]["lr"]).hex()}
+        rec = {"step": step, "attempt": _s.attempt, "loss_hex": ",".join(_s.losses),
+               "lr_hex": float(opt.param_groups[0]["lr"]).hex()}
         if _s.samples:
             rec["samples"] = _s.samples
         if _s.digest_every and step % _s.digest_every == 0:
@@ -618,7 +627,8 @@ def _after_step(opt, args, kwargs) -> None:
         _append("trajectory.jsonl", rec)
         _s.last = {"step": step, "optimizer": opt}
     _s.losses, _s.samples, _s.extra, _s.pre = [], [], {}, {}
-    _point("step.end", step=step)
+    if "step.end" in _s.step_points:
+        _point("step.end", step=step)
 
 
 def _after_backward(tensors) -> None:
@@ -631,7 +641,8 @@ def _after_backward(tensors) -> None:
     if _s.batch is not None:
         _s.samples.append(_s.batch)
         _s.batch = None
-    _point("microstep.end", step=sum(_s.step_of.values()) + 1 if len(_s.step_of) <= 1 else None,
+    if "microstep.end" in _s.step_points:
+        _point("microstep.end", step=sum(_s.step_of.values()) + 1 if len(_s.step_of) <= 1 else None,
            micro=len(_s.losses))
 
 
@@ -708,6 +719,9 @@ def install() -> None:
     _s.dirs = tuple(os.path.abspath(d) for d in os.environ.get(ENV_DIRS, "").split(os.pathsep) if d)
     _s.run_dir = os.path.abspath(os.environ[ENV_RUN_DIR]) if os.environ.get(ENV_RUN_DIR) else ""
     _s.digest_every = int(os.environ.get(ENV_DIGEST_EVERY, "0") or 0)
+    if ENV_STEP_POINTS in os.environ:
+        _s.step_points = frozenset(p for p in os.environ[ENV_STEP_POINTS].split(",") if p)
+    _s.attempt = int(os.environ.get(probe.ENV_ATTEMPT, "0")) + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     planned = os.environ.get(ENV_PLANNED)
     if planned and os.path.isfile(planned):
         with _orig["open"](planned) as f:
@@ -728,15 +742,17 @@ SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 
 
 def environment(controller: str, run_dir, watch, planned=None, digest_every: int = 0,
-                pythonpath: str | None = None) -> dict[str, str]:
+                pythonpath: str | None = None, step_points=None) -> dict[str, str]:
     """The variables that arm the layer in every Python process of a job: ``watch``, the directories
     whose files are reported (the checkpoint directory, the trainer's temporary folders); ``planned``,
-    a JSON file of file sizes from the golden run; ``pythonpath``, the job's own, put after ours."""
+    a JSON file of file sizes from the golden run; ``pythonpath``, the job's own, put after ours;
+    ``step_points``, the per-step points the controller needs (default: all)."""
     rest = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
     return {probe.ENV_CONTROLLER: controller, ENV_RUN_DIR: os.fspath(run_dir),
             ENV_DIRS: os.pathsep.join(os.fspath(w) for w in watch),
             **({ENV_PLANNED: os.fspath(planned)} if planned else {}),
             ENV_DIGEST_EVERY: str(digest_every),
+            **({ENV_STEP_POINTS: ",".join(sorted(step_points))} if step_points is not None else {}),
             "PYTHONPATH": os.pathsep.join(p for p in (SITE_DIR, rest) if p)}
 
 

@@ -63,12 +63,17 @@ def watched(s: Scenario, run_dir: Path) -> list[Path]:
 
 
 def launch(s: Scenario, run_dir: Path, attempt: int, world_size: int, controller: str,
-           planned: Path | None = None, env: dict[str, str] | None = None, max_restarts: int = 0) -> Job:
+           planned: Path | None = None, env: dict[str, str] | None = None, max_restarts: int = 0,
+           all_points: bool = False) -> Job:
+    """``all_points``: every per-step point goes to the controller (the golden run, which shows what a
+    trigger can aim at); else only those the scenario's triggers name, a round trip per step each."""
     own = environment(s, run_dir, attempt, world_size)
     for d in watched(s, run_dir) + ([Path(own["TMPDIR"])] if "TMPDIR" in own else []):
         d.mkdir(parents=True, exist_ok=True)  # a TMPDIR that does not exist is silently not used
     layer = auto.environment(controller, run_dir, watched(s, run_dir), planned=planned,
-                             digest_every=s.command.digest_every, pythonpath=worker_pythonpath("ckpt_chaos"))
+                             digest_every=s.command.digest_every, pythonpath=worker_pythonpath("ckpt_chaos"),
+                             step_points=None if all_points else
+                             {f.when.point for f in s.faults if f.when.point in auto.STEP_POINTS})
     return launch_command(run_dir, world_size, argv(s, run_dir, attempt, world_size), launcher=s.command.launcher,
                           env={**(env or {}), **own, **layer}, max_restarts=max_restarts)
 
@@ -109,7 +114,7 @@ def golden_key(s: Scenario) -> str:
 def _golden_once(s: Scenario, work: Path, timeout: float) -> tuple[int | None, list[dict]]:
     events: list[dict] = []
     with ProbeServer(lambda e: events.append(e)) as server:
-        job = launch(s, work, 0, s.world_size, server.address)
+        job = launch(s, work, 0, s.world_size, server.address, all_points=True)
         try:
             rc = job.wait(timeout)
         finally:
