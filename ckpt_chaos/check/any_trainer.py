@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ckpt_chaos.check.checks import Report, Run, _faults_fired, _harness_health
+from ckpt_chaos.check.checks import Report, Run, _faults_fired, _harness_health, sample_shift
 from ckpt_chaos.check.history import Exited, ProbeEvent, read_jsonl, trajectory_records
 from ckpt_chaos.scenario import Scenario
 
@@ -188,7 +188,7 @@ def _loss(rec: dict) -> float:
 def _diagnose(run: Run, gold: dict, got: dict, step: int, fields: list[str]) -> str:
     head = f"trajectory diverges at step {step} ({', '.join(fields)})"
     if "samples" in fields:
-        head += ": the job trained on different samples than the golden run" + _shift(gold, got, step)
+        head += ": the job trained on different samples than the golden run" + sample_shift(gold, got, step, "samples")
     if "lr_hex" in fields:
         head += (f": the learning rate is {float.fromhex(got[step]['lr_hex']):.6g} where the golden run's was "
                  f"{float.fromhex(gold[step]['lr_hex']):.6g} (the LR schedule's state)")
@@ -220,16 +220,3 @@ def _resume_before(run: Run, step: int) -> tuple[int, int, str | None] | None:
         if begins and begins[0] <= step:
             best = (launch, begins[0], _loaded(run, launch))
     return best
-
-
-def _shift(gold: dict, got: dict, step: int) -> str:
-    ids = got.get(step, {}).get("samples")
-    match = [j for j in sorted(gold) if gold[j].get("samples") == ids]
-    if not match:
-        return " (its samples form no batch of the golden run)"
-    j = match[0]
-    if j < step:
-        return (f": its batch is the golden run's step {j}, so the data loader resumed {step - j} step(s) too early "
-                f"and {step - j} step(s) of samples are seen twice")
-    return (f": its batch is the golden run's step {j}, so the data loader resumed {j - step} step(s) too late "
-            f"and {j - step} step(s) of samples are skipped")

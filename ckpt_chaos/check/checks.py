@@ -237,11 +237,15 @@ def _diagnose(run: Run, step: int, fields_: list[str]) -> str:
 
 
 def _sample_shift(run: Run, step: int) -> str:
-    """Where the samples of ``step`` come from in the golden run: a data loader that resumed at the
-    wrong position shows up as the golden run's batches, shifted by a number of steps."""
-    gold, got = trajectory(run.golden), trajectory(run.dir)
-    digest = got.get(step, {}).get("batch_digest")
-    match = [j for j in sorted(gold) if gold[j]["batch_digest"] == digest]
+    return sample_shift(trajectory(run.golden), trajectory(run.dir), step, "batch_digest")
+
+
+def sample_shift(gold: dict[int, dict], got: dict[int, dict], step: int, key: str) -> str:
+    """Where the samples of ``step`` (field ``key`` of its record) come from in the golden run: a data
+    loader that resumed at the wrong position shows up as the golden run's batches, shifted by a
+    number of steps."""
+    samples = got.get(step, {}).get(key)
+    match = [j for j in sorted(gold) if gold[j].get(key) == samples]
     if not match:
         return " (its samples form no batch of the golden run)"
     j = match[0]

@@ -756,7 +756,7 @@ def environment(controller: str, run_dir, watch, planned=None, digest_every: int
             "PYTHONPATH": os.pathsep.join(p for p in (SITE_DIR, rest) if p)}
 
 
-def planned_sizes(events, run_dir=None) -> dict[str, int]:
+def planned_sizes(events) -> dict[str, int]:
     """File sizes from a run's ``file.done`` / ``ckpt.shard.done`` events: the plan of the next run."""
     sizes = {}
     for e in events:
