@@ -96,14 +96,17 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_chaos.faults import KINDS, FaultKind, Invalid, families, lookup
+from ckpt_chaos.env.storage import FAULTFS_POINTS
 from ckpt_chaos.probe import POINTS, auto
 
 # Points the harness observes from outside, for trainers that do not call the probe.
 EXTERNAL_POINTS = (
     "fs.created",  # a file or directory whose path (relative to the run directory) matches when.path appeared
 )
-# Points only the automatic probe layer fires (file operations of any writer), for [command] trainers.
-AUTO_POINTS = tuple(p for p in dict.fromkeys(p for ps in auto.PATCH_POINTS.values() for p in ps) if p not in POINTS)
+# Points only the automatic probe layer fires (file operations of any writer), for [command] trainers,
+# and those faultfs fires for them under [storage] faultfs = true (writers Python cannot see).
+AUTO_POINTS = tuple(p for p in dict.fromkeys(p for ps in auto.PATCH_POINTS.values() for p in ps)
+                    if p not in POINTS) + FAULTFS_POINTS
 # Points whose events carry a path (relative to the run directory), which when.path filters with a glob.
 PATH_POINTS = ("fs.created", *AUTO_POINTS, "ckpt.shard.write", "ckpt.shard.done", "ckpt.stage", "load.begin",
                "load.end")
@@ -246,7 +249,7 @@ class Command:
     complete: str = "*"  # glob in ckpt_dir: what the trainer itself counts as a complete checkpoint
     env: dict[str, Any] = field(default_factory=dict)  # variables set for it (placeholders too): TMPDIR = "{run_dir}/tmp"
     save_every: int | None = None  # steps between its checkpoints: the bound on lost work
-    digest_every: int = 4  # steps between digests of the model and optimizer state in the trajectory
+    digest_every: int = 0  # steps between digests of the model and optimizer state (0: around saves and at exit)
     requires: list[str] = field(default_factory=list)  # Python modules it imports (lightning): skipped, loudly, without
 
 
@@ -324,7 +327,9 @@ class Scenario:
         from ckpt_chaos.env.storage import StorageSpec
 
         needs = frozenset().union(*(f.needs for f in self.faults))
-        return StorageSpec(fs=self.storage.fs, size_mb=self.storage.size_mb, faultfs="faultfs" in needs,
+        # a trigger on a point faultfs reports needs it mounted, whatever the fault does
+        watched = any(f.when.point in FAULTFS_POINTS for f in self.faults)
+        return StorageSpec(fs=self.storage.fs, size_mb=self.storage.size_mb, faultfs="faultfs" in needs or watched,
                            lazy="lazy" in needs, libfiu="libfiu" in needs)
 
     def resumed_world_size(self) -> int:
@@ -569,8 +574,9 @@ def _check_command(s: Scenario) -> None:
     if c is None:
         for i, f in enumerate(s.faults):
             if f.when.point in AUTO_POINTS:
-                raise _error(src, f"faults[{i}].when.point", f"{f.when.point} comes from the automatic probe layer, "
-                             f"which runs for a [command] trainer only", "use a point the trainer reports "
+                source = "faultfs" if f.when.point in FAULTFS_POINTS else "the automatic probe layer"
+                raise _error(src, f"faults[{i}].when.point", f"{f.when.point} comes from {source}, "
+                             f"which reports for a [command] trainer only", "use a point the trainer reports "
                              "(ckpt_chaos/probe/__init__.py POINTS), or describe the trainer in a [command] table")
         return
     if s.trainer or s.trainer_module != "reference_trainer":
@@ -615,7 +621,7 @@ def _check_command(s: Scenario) -> None:
         raise _error(src, "command.save_every", f"{c.save_every}", "use the trainer's checkpoint interval in steps")
     armed = auto.armed_points(auto.PATCH_POINTS)
     for i, f in enumerate(s.faults):
-        if not f.when.external and f.when.point not in armed:
+        if not f.when.external and f.when.point not in armed and f.when.point not in FAULTFS_POINTS:
             raise _error(src, f"faults[{i}].when.point", f"the automatic probe layer never fires {f.when.point!r}",
                          f"use one of {', '.join(sorted(armed))} (or an external point: "
                          f"{', '.join(EXTERNAL_POINTS)})")

@@ -14,12 +14,14 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
 from ckpt_chaos.env.storage import Storage, StorageSpec, leftovers, missing, remove_leftovers
+from ckpt_chaos.faults.process import _running, wait_gone
 from tests.helpers import start_cli
 
 SCENARIOS = builtin_scenarios() / "storage"
@@ -76,6 +78,72 @@ def test_errno_rule_fails_the_nth_matching_call_only(tmp_path):
         (st.ckpt / "b3").write_bytes(b"x")  # count = 1: only one failure
         status = st.client.call("status")
         assert [(i["op"], i["path"], i["errno"]) for i in status["injected"]] == [("create", "/b2", "EDQUOT")]
+
+
+# A writer Python cannot see: one write(2) of the whole file, from a process of the job (the
+# controller's address in its environment), as safetensors' Rust writer does.
+_WRITER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+os.write(fd, bytes(range(256)) * 4096)
+os.fsync(fd)
+os.close(fd)
+os.rename(sys.argv[1], sys.argv[1] + ".final")
+os.unlink(sys.argv[1] + ".final")
+"""
+
+
+def _job_writer(path, controller, **env):
+    return subprocess.Popen([sys.executable, "-c", _WRITER, str(path)],
+                            env={**os.environ, "CKPT_CHAOS_CONTROLLER": controller, "RANK": "1", **env})
+
+
+@needs_faultfs
+def test_faultfs_reports_every_call_of_a_job_process_with_its_rank_and_path(tmp_path):
+    from ckpt_chaos.env.storage import FAULTFS_POINTS
+    from ckpt_chaos.run.controller import ProbeServer
+
+    events = []
+    with ProbeServer(events.append) as server, Storage(tmp_path, StorageSpec(faultfs=True)) as st:
+        st.client.call("report", controller=server.address, points=list(FAULTFS_POINTS), prefix="checkpoints")
+        assert _job_writer(st.ckpt / "w.bin", server.address).wait(30) == 0
+        # the harness's own calls (no controller in its environment) are not the job's
+        (st.ckpt / "mine").write_bytes(b"x" * (2 << 20))
+    seen = [(e["point"], e["info"]["path"], e["info"].get("bytes"), e["rank"]) for e in events]
+    # without a plan (a fault-free run) a write is reported at each MiB it reaches
+    assert seen == [("faultfs.write", "checkpoints/w.bin", 1 << 20, 1),
+                    ("faultfs.fsync", "checkpoints/w.bin", None, 1),
+                    ("faultfs.done", "checkpoints/w.bin", 1 << 20, 1),
+                    ("faultfs.rename", "checkpoints/w.bin.final", None, 1),
+                    ("faultfs.remove", "checkpoints/w.bin.final", None, 1)], seen
+    assert events[3]["info"]["src"] == "checkpoints/w.bin"
+    assert all(e["info"]["source"] == "faultfs" for e in events)
+
+
+@needs_faultfs
+def test_a_kill_held_at_a_planned_fraction_leaves_exactly_that_fraction_on_disk(tmp_path):
+    from ckpt_chaos.run.controller import ProbeServer
+
+    hits = []
+
+    def kill_at_half(e):
+        if e["point"] == "faultfs.write" and e["info"]["fraction"] >= 0.5 and not hits:
+            hits.append(e)
+            os.kill(e["pid"], signal.SIGKILL)
+            # as the kill nemesis does: the writer, held until this answer, counts as dead already
+            wait_gone([e["pid"]], timeout=5)
+            hits.append(_running(psutil.Process(e["pid"])))
+
+    with ProbeServer(kill_at_half) as server, Storage(tmp_path, StorageSpec(faultfs=True)) as st:
+        st.client.call("report", controller=server.address, points=["faultfs.write"], prefix="checkpoints",
+                       planned={"checkpoints/w.bin": 1 << 20})
+        proc = _job_writer(st.ckpt / "w.bin", server.address)
+        proc.wait(30)
+        size = (st.view / "w.bin").stat().st_size
+    assert proc.returncode == -signal.SIGKILL
+    assert [h["info"]["fraction"] for h in hits[:1]] == [0.5]
+    assert hits[1] is False, "the harness waited for a held writer to die, which it cannot before the answer"
+    assert size == 1 << 19, f"{size} bytes on disk, the kill was held at {1 << 19}"
 
 
 @needs_faultfs

@@ -10,6 +10,12 @@ sees every call a trainer makes whatever the call's flavour (``openat``, ``renam
   row; or each matching call with a probability drawn from a seeded generator. Counting starts
   when the rule is armed, so a rule armed at a probe point is as reproducible as the point.
 * **Slow storage**: a delay per write call and/or a bandwidth cap over all writes.
+* **Probe points for any writer** (``report``): the calls of a job's processes (those with a
+  ckpt-chaos controller in their environment) become probe events sent to that controller, and
+  each call waits for its answer, so a fault lands at a precise point of a writer Python cannot
+  see. A write crossing a tenth of the file's planned size (its size in the fault-free run) is
+  split there: the bytes before go to disk, then ``faultfs.write`` is reported with the fraction,
+  and a writer killed meanwhile writes nothing more.
 * **Lost un-fsynced data** (as Jepsen's LazyFS, with directory semantics as ALICE's model):
   with ``lazy`` on, the layer remembers what is durable. File data is durable once the file is
   fsynced; a create, mkdir, unlink, rmdir or rename is durable once its directory is fsynced (a
@@ -31,6 +37,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -39,7 +46,8 @@ from dataclasses import dataclass, field
 
 from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
 
-from ckpt_chaos.env.storage import socket_address
+from ckpt_chaos.env.storage import FAULTFS_POINTS, socket_address
+from ckpt_chaos.probe.auto import planned_size
 
 # Call names a rule may use, and the FUSE operations each covers.
 CALLS = {
@@ -100,6 +108,106 @@ def _tgid(tid: int) -> int:
     return tid
 
 
+def _environ(pid: int) -> dict[str, str] | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw.split(b"\0") if b"=" in kv)
+
+
+def _alive(pid: int) -> bool:
+    """Neither dead nor dying: a process held here does not die of a SIGKILL before the answer, but
+    the call it is held in must not happen."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return False
+    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
+        return False
+    kill = 1 << (signal.SIGKILL - 1)
+    return not any(int(fields.get(k, "0").strip() or "0", 16) & kill for k in ("SigPnd", "ShdPnd"))
+
+
+class Reporter:
+    """The probe events of one controller: a job's calls on this mount, reported and held."""
+
+    MIB = 1 << 20  # without a plan, a write is reported at each MiB it crosses
+
+    def __init__(self, controller: str, points, planned: dict[str, int] | None, prefix: str):
+        self.controller = controller
+        self.points = frozenset(points)
+        self.planned = planned or {}
+        self.prefix = prefix.strip("/")
+        self._lock = threading.Lock()
+        self._file = None
+        self._seq = 0
+        self._lost = False
+        self._env: dict[int, dict[str, str] | None] = {}
+
+    def path(self, path: str) -> str:
+        """A path inside the mount as the probe layer names it: relative to the run directory."""
+        return f"{self.prefix}/{path.lstrip('/')}" if self.prefix else path.lstrip("/")
+
+    def cuts(self, path: str, offset: int, size: int) -> list[tuple[int, float | None]]:
+        """Where a write of ``size`` bytes at ``offset`` is reported: (file offset, fraction of the plan)."""
+        planned = planned_size(self.planned, self.path(path))
+        if planned:
+            tenths = [-(-k * planned // 10) for k in range(1, 10)]
+            return [(b, b / planned) for b in tenths if offset < b <= offset + size]
+        return [(b, None) for b in range((offset // self.MIB + 1) * self.MIB, offset + size + 1, self.MIB)]
+
+    def hold(self, point: str, tid: int, **info) -> None:
+        """Report ``point`` for the calling process and wait for the controller's answer: raises
+        EIO where it says so, EINTR where the caller died meanwhile (the call must not happen)."""
+        if point not in self.points:
+            return
+        pid = _tgid(tid)
+        if pid not in self._env:
+            self._env[pid] = _environ(pid)
+        env = self._env[pid]
+        if not env or not env.get("CKPT_CHAOS_CONTROLLER"):
+            return  # not a process of the job (the harness, a shell looking around)
+        rank = env.get("RANK", env.get("LOCAL_RANK", "0"))
+        answer = self._send({"rank": int(rank) if rank.isdigit() else 0, "role": env.get("CKPT_CHAOS_ROLE", "rank"),
+                             "pid": pid, "attempt": int(env.get("CKPT_CHAOS_ATTEMPT", "0") or 0),
+                             "restart": int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0), "point": point,
+                             "t": time.time(), "info": {**info, "source": "faultfs"}})
+        if not _alive(pid):
+            raise FuseOSError(errno.EINTR)
+        if answer and answer.get("do") == "raise":
+            raise FuseOSError(errno.EIO)
+
+    def _send(self, msg: dict) -> dict | None:
+        with self._lock:
+            self._seq += 1
+            msg["seq"] = self._seq
+            try:
+                if self._file is None:
+                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    sock.connect(self.controller)
+                    self._file = sock.makefile("rwb", buffering=0)
+                self._file.write(json.dumps(msg).encode() + b"\n")
+                line = self._file.readline()
+                if not line:
+                    raise ConnectionError("the controller closed the connection")
+                return json.loads(line)
+            except (OSError, ValueError) as e:
+                self._file = None
+                if not self._lost:  # the job goes on, unprobed here, and the log says why
+                    self._lost = True
+                    print(f"faultfs: lost the controller at {msg['point']}: {e!r}", file=sys.stderr, flush=True)
+                return None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
 class FaultFS(Operations):
     use_ns = True  # utimens gets nanoseconds
 
@@ -118,6 +226,8 @@ class FaultFS(Operations):
         self.ops: list[_NsOp] = []  # un-persisted namespace operations, oldest first
         self.bandwidth_free_at = 0.0
         self.serial = 0
+        self.reporter: Reporter | None = None
+        self.writing: dict[int, list] = {}  # handle -> [a write failed, end of the bytes written] (for done)
 
     # ---- rules --------------------------------------------------------------------------------
 
@@ -167,6 +277,20 @@ class FaultFS(Operations):
             self.next_rule += 1
             self.rules[rid] = rule
         return rid
+
+    def report(self, controller: str | None, points=FAULTFS_POINTS, planned: dict[str, int] | None = None,
+               prefix: str = "") -> None:
+        """Report the job's calls to ``controller`` (None: stop); ``planned``: file sizes, by path
+        relative to the run directory, that writes are cut at tenths of; ``prefix``: this mount's
+        path relative to the run directory."""
+        old, self.reporter = self.reporter, (Reporter(controller, points, planned, prefix) if controller else None)
+        if old is not None:
+            old.close()
+
+    def _hold(self, point: str, **info) -> None:
+        r = self.reporter
+        if r is not None:
+            r.hold(point, fuse_get_context()[2], **info)
 
     def disarm(self, rid: int | None = None) -> None:
         with self._mutex:
@@ -250,6 +374,24 @@ class FaultFS(Operations):
 
     def write(self, path, data, offset, fh):
         self._check("write", path, nbytes=len(data))
+        r = self.reporter
+        done = 0
+        if r is not None:
+            state = self.writing.setdefault(fh, [False, 0])
+            tid = fuse_get_context()[2]
+            for at, fraction in r.cuts(path, offset, len(data)):
+                done += self._pwrite(path, data[done:at - offset], offset + done, fh)
+                state[1] = max(state[1], at)
+                try:
+                    r.hold("faultfs.write", tid, path=r.path(path), offset=offset, bytes=at,
+                           **({"fraction": round(fraction, 4)} if fraction is not None else {}))
+                except FuseOSError:
+                    state[0] = True
+                    raise
+            state[1] = max(state[1], offset + len(data))
+        return done + self._pwrite(path, data[done:], offset + done, fh)
+
+    def _pwrite(self, path, data, offset, fh) -> int:
         with self._mutex:
             if self.lazy:
                 self._touch_data(self._full(path))
@@ -265,14 +407,24 @@ class FaultFS(Operations):
         return 0
 
     def flush(self, path, fh):
-        return 0  # close() is not a durability point; only fsync is
+        # close() is not a durability point, only fsync is; but it is where a writer says it is done
+        state = self.writing.pop(fh, None)
+        r = self.reporter
+        if state is not None and r is not None:
+            # bytes: how far it wrote (a writer may size the file first: size says that)
+            self._hold("faultfs.done", path=r.path(path), bytes=state[1], size=os.fstat(fh).st_size,
+                       **({"failed": True} if state[0] else {}))
+        return 0
 
     def release(self, path, fh):
+        self.writing.pop(fh, None)
         os.close(fh)
         return 0
 
     def fsync(self, path, datasync, fh):
         self._check("fsync", path)
+        if self.reporter is not None:
+            self._hold("faultfs.fsync", path=self.reporter.path(path))
         os.fsync(fh)
         with self._mutex:
             copy = self.dirty.pop(os.fstat(fh).st_ino, None)
@@ -315,6 +467,8 @@ class FaultFS(Operations):
 
     def rmdir(self, path):
         self._check("rmdir", path)
+        if self.reporter is not None:
+            self._hold("faultfs.remove", path=self.reporter.path(path))
         full = self._full(path)
         with self._mutex:
             ino, parent = self._ino(full), self._ino(os.path.dirname(full))
@@ -324,6 +478,8 @@ class FaultFS(Operations):
 
     def unlink(self, path):
         self._check("unlink", path)
+        if self.reporter is not None:
+            self._hold("faultfs.remove", path=self.reporter.path(path))
         full = self._full(path)
         with self._mutex:
             if not self.lazy:
@@ -337,6 +493,8 @@ class FaultFS(Operations):
 
     def rename(self, old, new, flags=0):
         self._check("rename", old, new)
+        if self.reporter is not None:
+            self._hold("faultfs.rename", path=self.reporter.path(new), src=self.reporter.path(old))
         src, dst = self._full(old), self._full(new)
         with self._mutex:
             if not self.lazy:
@@ -474,7 +632,7 @@ def _find_in(root: str, ino: int) -> str | None:
 # ---- control socket ----------------------------------------------------------------------------
 
 def _serve(fs: FaultFS, address: str) -> None:
-    """JSON lines: {"cmd": "arm", "rule": {...}} | disarm | lazy | crash | status | ping."""
+    """JSON lines: {"cmd": "arm", "rule": {...}} | disarm | lazy | crash | status | report | ping."""
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(socket_address(address))
     srv.listen(8)
@@ -501,6 +659,10 @@ def _client(fs: FaultFS, conn: socket.socket) -> None:
                     out = fs.crash()
                 elif cmd == "status":
                     out = fs.status()
+                elif cmd == "report":
+                    fs.report(req.get("controller"), req.get("points", FAULTFS_POINTS), req.get("planned"),
+                              req.get("prefix", ""))
+                    out = {}
                 elif cmd == "ping":
                     out = {}
                 else:

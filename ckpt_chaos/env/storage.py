@@ -42,6 +42,9 @@ from ckpt_chaos.env.launcher import worker_pythonpath
 from ckpt_chaos.extras import missing_extra
 
 MARK = "ckpt-chaos"
+# Probe points faultfs reports for the processes of a job (``report``), where Python cannot see the
+# writer (a C++ or Rust library writing by itself): each holds the call until the controller answers.
+FAULTFS_POINTS = ("faultfs.write", "faultfs.done", "faultfs.fsync", "faultfs.rename", "faultfs.remove")
 FIU_LIBS = ("/usr/lib/fiu/fiu_run_preload.so", "/usr/lib/fiu/fiu_posix_preload.so")
 FIU_POINTS = {  # libfiu failure point for each call it can fail
     "open": "posix/io/oc/open",

@@ -59,10 +59,24 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
 
 
 def _running(proc: psutil.Process) -> bool:
+    """Not dead yet. A process blocked in the kernel with SIGKILL pending is dead too: it runs no
+    more of its own code, and it may be waiting for the answer to the very event being handled (a
+    write faultfs holds until the controller has answered)."""
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE
+        status = proc.status()
     except psutil.NoSuchProcess:
         return False
+    return status != psutil.STATUS_ZOMBIE and not (status == psutil.STATUS_DISK_SLEEP and kill_pending(proc.pid))
+
+
+def kill_pending(pid: int) -> bool:
+    """SIGKILL is queued for the process (its thread or its thread group)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+    except (OSError, ValueError, IndexError):
+        return False
+    return any(m & (1 << (signal.SIGKILL - 1)) for m in masks)
 
 
 def kill_local_node(job: Job, pids: list[int]) -> int:

@@ -4,6 +4,7 @@ not deterministic), and the check that every trigger names a point the golden ru
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import importlib.metadata
@@ -22,13 +23,14 @@ from ckpt_chaos.check.any_trainer import EXACT
 from ckpt_chaos.check.history import read_jsonl
 from ckpt_chaos.config import golden_dir
 from ckpt_chaos.env.launcher import Job, launch_command, worker_pythonpath
+from ckpt_chaos.env.storage import FAULTFS_POINTS, Storage, StorageSpec
 from ckpt_chaos.probe import auto
 from ckpt_chaos.run.controller import ProbeServer
 from ckpt_chaos.scenario import Scenario, ScenarioError
 
 PROBE_LOG = "probe.jsonl"  # the golden run's probe events, one per line
 PLANNED = "planned.json"
-WRITTEN = {"file.write": "file.done", "ckpt.shard.write": "ckpt.shard.done"}  # the golden run's file sizes: the plan of a chaos run's file.write fractions
+WRITTEN = {"file.write": "file.done", "ckpt.shard.write": "ckpt.shard.done", "faultfs.write": "faultfs.done"}  # the golden run's file sizes: the plan of a chaos run's file.write fractions
 
 
 def missing(s: Scenario) -> str | None:
@@ -78,6 +80,35 @@ def launch(s: Scenario, run_dir: Path, attempt: int, world_size: int, controller
                           env={**(env or {}), **own, **layer}, max_restarts=max_restarts)
 
 
+def uses_faultfs(s: Scenario) -> bool:
+    """A trigger names a point faultfs reports: the golden run needs faultfs too, for the plan."""
+    return any(f.when.point in FAULTFS_POINTS for f in s.faults)
+
+
+def report_to(storage: Storage, s: Scenario, controller: str | None, planned: Path | None = None) -> None:
+    """Have faultfs report the job's calls under the checkpoint directory to ``controller`` (None: stop)."""
+    if storage.client is None or not uses_faultfs(s):
+        return
+    plan = json.loads(planned.read_text()) if planned is not None and planned.is_file() else None
+    storage.client.call("report", controller=controller, points=list(FAULTFS_POINTS), planned=plan,
+                        prefix=s.command.ckpt_dir)
+
+
+def plan(s: Scenario, golden: Path, run_dir: Path) -> Path:
+    """The chaos run's file sizes: the golden run's, and for each write trigger whose path glob names
+    no file of the golden run exactly (a temporary name that changes from run to run), the size of
+    the largest golden file it matches, under the glob."""
+    planned = json.loads((golden / PLANNED).read_text())
+    for f in s.faults:
+        if f.when.path and f.when.point in WRITTEN and f.when.path not in planned:
+            sizes = [v for k, v in planned.items() if fnmatch.fnmatch(k, f.when.path)]
+            if sizes:
+                planned[f.when.path] = max(sizes)
+    out = run_dir / PLANNED
+    out.write_text(json.dumps(planned))
+    return out
+
+
 def complete(s: Scenario, run_dir: Path) -> dict[str, dict]:
     """The checkpoints the trainer itself would count as complete (``command.complete`` in its folder):
     path relative to the run directory -> size and modification time."""
@@ -106,6 +137,7 @@ def golden_key(s: Scenario) -> str:
     c = asdict(s.command)
     blob = json.dumps({"argv": c["argv"], "launcher": c["launcher"], "ckpt_dir": c["ckpt_dir"], "watch": c["watch"],
                        "env": c["env"], "digest_every": c["digest_every"], "world_size": s.world_size, "files": h.hexdigest(),
+                       "faultfs": uses_faultfs(s),
                        "torch": importlib.metadata.version("torch"), "python": platform.python_version()},
                       sort_keys=True)
     return "cmd-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -113,12 +145,16 @@ def golden_key(s: Scenario) -> str:
 
 def _golden_once(s: Scenario, work: Path, timeout: float) -> tuple[int | None, list[dict]]:
     events: list[dict] = []
-    with ProbeServer(lambda e: events.append(e)) as server:
+    with ProbeServer(lambda e: events.append(e)) as server, \
+            Storage(work, StorageSpec(faultfs=uses_faultfs(s))) as storage:
+        report_to(storage, s, server.address)
         job = launch(s, work, 0, s.world_size, server.address, all_points=True)
         try:
             rc = job.wait(timeout)
         finally:
             job.kill()
+            report_to(storage, s, None)
+    shutil.rmtree(work / ".storage", ignore_errors=True)
     with open(work / PROBE_LOG, "w") as f:
         for e in events:
             f.write(json.dumps(e) + "\n")
@@ -155,6 +191,7 @@ def golden_run(s: Scenario, root: Path | None = None, timeout: float = 600) -> P
             if d.is_relative_to(work):
                 shutil.rmtree(d, ignore_errors=True)  # the records are what is kept
         (work / "golden.json").write_text(json.dumps({"command": asdict(s.command), "world_size": s.world_size,
+                                                      "faultfs": uses_faultfs(s),
                                                       "deterministic": differ is None, "differs": differ,
                                                       "unstable": unstable(work, other)}))
         shutil.rmtree(other, ignore_errors=True)
@@ -190,7 +227,8 @@ def check_triggers(s: Scenario, golden: Path) -> None:
     rank and path): a trigger that cannot fire is an error before anything runs, not a fault that
     quietly never fired."""
     events = read_jsonl(golden / PROBE_LOG)
-    armed = sorted({p for e in events if e["point"] == "probe.armed" for p in e["info"]["points"]})
+    armed = sorted({p for e in events if e["point"] == "probe.armed" for p in e["info"]["points"]}
+                   | (set(FAULTFS_POINTS) if uses_faultfs(s) else set()))
     seen = {e["point"] for e in events}
     for i, f in enumerate(s.faults):
         if f.attempt != 0 or f.when.external:
@@ -205,9 +243,10 @@ def check_triggers(s: Scenario, golden: Path) -> None:
                                 f"fault-free run ({golden / PROBE_LOG}); use a point it reached: "
                                 f"{', '.join(sorted(seen - {'probe.armed'}))}")
         if f.when.path is not None:
-            import fnmatch
-
-            paths = sorted({e["info"].get("path") or "" for e in events if e["point"] == point})
+            # a file written under a name that it is renamed from before it is closed counts too
+            paths = sorted({e["info"].get("path") or "" for e in events if e["point"] in (point, f.when.point)}
+                           | {e["info"]["src"] for e in events if e["point"] in ("file.rename", "faultfs.rename")
+                              and e["info"].get("src") and point in WRITTEN.values()})
             if not any(fnmatch.fnmatch(p, f.when.path) for p in paths):
                 raise ScenarioError(f"{s.source}: faults[{i}].when.path: no {f.when.point} of the fault-free run "
                                     f"matches {f.when.path!r}; its paths: {', '.join(paths[:12])}")

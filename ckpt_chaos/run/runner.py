@@ -249,6 +249,8 @@ class ChaosRun:
         mode = s.recovery.relaunch
         launches = 1 if mode in ("none", "torchrun") else s.recovery.max_restarts + 1
         with ProbeServer(self.on_event, on_error=self._harness_error) as server:
+            if s.command is not None:
+                command.report_to(self.storage, s, server.address, self.planned)
             for n in range(launches):
                 world = s.world_size if n == 0 else s.resumed_world_size()
                 self.launch_no = n
@@ -462,7 +464,7 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
     with Storage(run_dir, spec) as storage, _cluster_for(s, run_dir) as cluster, \
             _remote_for(s, run_dir, out_root) as remote:
         chaos = ChaosRun(s, run_dir, storage, cluster, remote,
-                         planned=golden / command.PLANNED if s.command is not None else None)
+                         planned=command.plan(s, golden, run_dir) if s.command is not None else None)
         try:
             chaos.run()
         finally:
