@@ -51,7 +51,8 @@ def test_the_unmodified_example_survives_a_kill_half_way_through_its_checkpoint(
     assert r.verdict == "pass", r.reason
     c = checks(r)
     assert c["resumed_newest@1"] == ("pass", "it loaded checkpoints/step_00000004.pt, the newest complete checkpoint")
-    assert c["trajectory"] == ("pass", "12 steps identical to the golden run, bit for bit")
+    assert c["trajectory"] == ("pass", "12 steps identical to the golden run, bit for bit, and the state the job "
+                                       "ended with")
     assert c["lost_work@1"][0] == "pass"
 
 
@@ -88,3 +89,15 @@ def test_a_data_loader_that_restarts_the_epoch_is_caught_and_named(tmp_path, gol
     assert "trajectory diverges at step 5" in detail, r.checks
     assert ("the job trained on different samples than the golden run: its batch is the golden run's step 1, so "
             "the data loader resumed 4 step(s) too early and 4 step(s) of samples are seen twice") in detail
+
+
+def test_a_resume_that_does_not_restore_the_step_counter_is_caught_and_named(tmp_path, golden_root):
+    # the optimizer, schedule, data position and RNG come back; the loop's own counter starts again
+    trainer = plant(tmp_path, ('        step, epoch, skip = state["step"], state["epoch"], state["batch_in_epoch"]\n',
+                               '        step, epoch, skip = 0, state["epoch"], state["batch_in_epoch"]\n'))
+    r = run(tmp_path, golden_root, trainer)
+    assert r.verdict == "fail"
+    verdict, detail = checks(r)["trajectory"]
+    assert verdict == "fail", r.checks
+    assert detail.startswith("steps 13..16 were trained, past the golden run's last step 12"), detail
+    assert "its step counter was not restored" in detail, detail

@@ -159,3 +159,15 @@ def test_a_sitecustomize_it_shadows_still_runs(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import os, builtins; print(os.environ.get('THEIRS_RAN'), "
                           "builtins.open.__module__)"], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "ckpt_chaos.probe.auto"]
+
+
+def test_a_file_renamed_into_place_is_planned_under_both_names_and_by_a_trigger_glob():
+    events = [{"point": "faultfs.rename", "info": {"path": "ckpt/s8/model.safetensors", "src": "ckpt/s8/.tmpAb12"}},
+              {"point": "faultfs.done", "info": {"path": "ckpt/s8/model.safetensors", "bytes": 2612}},
+              {"point": "file.done", "info": {"path": "ckpt/s8/optimizer.bin", "bytes": 8831}}]
+    plan = auto.planned_sizes(events)
+    assert plan == {"ckpt/s8/model.safetensors": 2612, "ckpt/s8/.tmpAb12": 2612, "ckpt/s8/optimizer.bin": 8831}
+    # the next run's temporary name differs: a glob key (a trigger's when.path) plans it
+    assert auto.planned_size(plan, "ckpt/s8/.tmpZz99") is None
+    assert auto.planned_size({**plan, "ckpt/s8/.tmp*": 2612}, "ckpt/s8/.tmpZz99") == 2612
+    assert auto.planned_size({**plan, "ckpt/s8/.tmp*": 1}, "ckpt/s8/optimizer.bin") == 8831

@@ -136,13 +136,13 @@ def _in_flight(run: Run, launch: int) -> dict[str, int]:
     for h in run.probes():
         if h.launch != launch or "path" not in h.info:
             continue
-        if h.point in ("file.write", "ckpt.shard.write"):
+        if h.point in ("file.write", "ckpt.shard.write", "faultfs.write"):
             open_[h.info["path"]] = h.info.get("bytes", 0)
-        elif h.point in ("file.done", "ckpt.shard.done") and h.info.get("failed"):
+        elif h.point in ("file.done", "ckpt.shard.done", "faultfs.done") and h.info.get("failed"):
             open_[h.info["path"]] = h.info.get("bytes", 0)  # closed after a write failed: torn all the same
-        elif h.point in ("file.done", "ckpt.shard.done", "file.remove"):
+        elif h.point in ("file.done", "ckpt.shard.done", "faultfs.done", "file.remove", "faultfs.remove"):
             open_.pop(h.info["path"], None)
-        elif h.point == "file.rename" and h.info.get("src") in open_:
+        elif h.point in ("file.rename", "faultfs.rename") and h.info.get("src") in open_:
             open_[h.info["path"]] = open_.pop(h.info["src"])
     return open_
 
@@ -165,7 +165,15 @@ def _trajectory(run: Run, report: Report, gold: dict, got: dict) -> None:
             if fields:
                 report.add("trajectory", False, _diagnose(run, gold, got, step, fields))
                 return
-        report.add("trajectory", True, f"{len(gold)} steps identical to the golden run, bit for bit")
+        if _past_the_end(run, report, gold, got):
+            return
+        final = _final_state(run, max(gold))
+        if final is not None and final:
+            report.add("trajectory", False, f"every loss of the golden run's {max(gold)} steps is identical, but the "
+                       f"{' and '.join(final)} state the job ended with differs from the golden run's")
+            return
+        report.add("trajectory", True, f"{len(gold)} steps identical to the golden run, bit for bit"
+                   + (", and the state the job ended with" if final is not None else ""))
         return
     tol, worst, at = run.s.expect.rel_tol, 0.0, None
     for step in sorted(gold):
@@ -176,9 +184,46 @@ def _trajectory(run: Run, report: Report, gold: dict, got: dict) -> None:
         rel = abs(a - b) / max(abs(a), 1e-12)
         if rel > worst:
             worst, at = rel, step
+    if worst <= tol and _past_the_end(run, report, gold, got):
+        return
     report.add("trajectory", worst <= tol, f"same samples at every step; largest relative loss difference "
                f"{worst:.3%} (step {at}), tolerance {tol:.1%}" if worst <= tol else
                _diagnose(run, gold, got, at, [f"loss off by {worst:.2%} > {tol:.1%}"]))
+
+
+def _past_the_end(run: Run, report: Report, gold: dict, got: dict) -> bool:
+    """Steps the golden run never reached were trained: the job went on past its end, as a trainer
+    does whose own step counter a resume did not restore (the optimizer's count, recorded here, went
+    on from the checkpoint). Reported as the trajectory's failure; True if so."""
+    extra = sorted(set(got) - set(gold))
+    if not extra:
+        return False
+    last = max(gold)
+    resume = _resume_before(run, extra[0])
+    where = (f"; the optimizer's own count went on from the checkpoint launch {resume[0]} loaded ({resume[2]}) "
+             f"while the trainer counted to its end again: its step counter was not restored"
+             if resume is not None and resume[2] is not None else "")
+    report.add("trajectory", False, f"steps {extra[0]}..{extra[-1]} were trained, past the golden run's last "
+               f"step {last} ({len(extra)} step(s) too many; the {last} steps of the golden run are identical)"
+               + where)
+    return True
+
+
+def _exit_digests(run_dir: Path) -> dict:
+    """The model and optimizer digests rank 0 took as its last process exited."""
+    exits = [e for e in read_jsonl(run_dir / "events.jsonl") if e.get("event") == "exit"]
+    return exits[-1] if exits else {}
+
+
+def _final_state(run: Run, last: int) -> list[str] | None:
+    """The last update shows in no loss, so the state the job ended with (rank 0's digests at its
+    exit) is compared with the golden run's: the parts that differ, or None where either run has
+    no such digests (or the job did not end at the golden run's last step)."""
+    gold, got = _exit_digests(run.golden), _exit_digests(run.dir)
+    keys = [k for k in ("model_digest", "optimizer_digest") if k in gold and k in got]
+    if not keys or got.get("step") != last:
+        return None
+    return [k.split("_")[0] for k in keys if gold[k] != got[k]]
 
 
 def _loss(rec: dict) -> float:

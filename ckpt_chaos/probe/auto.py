@@ -40,6 +40,7 @@ last step's digests. ``ckpt_chaos.record(...)`` adds what the layer cannot see.
 from __future__ import annotations
 
 import builtins
+import fnmatch
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -92,6 +93,9 @@ class _State:
         self.run_dir = ""
         self.planned: dict[str, int] = {}
         self.digest_every = 0
+        self.rank: int | None = None
+        self.rank_pid = 0
+        self.fds: dict[tuple[str, int], int] = {}  # (file in the run directory, pid) -> descriptor
         self.armed: list[str] = []
         self.reported: set[str] = set()  # patches this process has told the controller about
         self.pid = 0
@@ -185,7 +189,7 @@ class _Watched(io.RawIOBase):
         self._raw, self.rel, self.via = raw, rel, via
         self.written = 0
         self.failed = None  # the error a write met: the file is torn, whoever closes it
-        self.planned = _s.planned.get(rel)
+        self.planned = planned_size(_s.planned, rel)
         self._write_point, self._done_point = _kind(rel)
         self._next = self._boundary(0)
         _s.fds[raw.fileno()] = rel
@@ -580,8 +584,14 @@ def _ids(indices):
 
 
 def _rank() -> int:
+    """This process's rank; once the process group tells it, it is kept (a hook runs every step)."""
+    if _s.rank is not None and _s.rank_pid == os.getpid():
+        return _s.rank
     rank = probe._rank()
-    return rank if rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
+    if rank is not None:
+        _s.rank, _s.rank_pid = rank, os.getpid()
+        return rank
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def _optimizer_step(opt) -> int | None:
@@ -632,12 +642,13 @@ def _after_step(opt, args, kwargs) -> None:
 
 
 def _after_backward(tensors) -> None:
-    t = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
-    try:
-        if t.numel() == 1:
-            _s.losses.append(float(t.detach().float().item()).hex())
-    except (AttributeError, RuntimeError):
-        pass
+    if _s.run_dir and _rank() == 0:  # only rank 0 records
+        t = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
+        try:
+            if t.numel() == 1:
+                _s.losses.append(float(t.item()).hex())  # exact for any float dtype
+        except (AttributeError, RuntimeError):
+            pass
     if _s.batch is not None:
         _s.samples.append(_s.batch)
         _s.batch = None
@@ -648,16 +659,35 @@ def _after_backward(tensors) -> None:
 
 def digests(opt) -> dict[str, str]:
     """SHA-256 of this process's parameters and optimizer state, in the optimizer's order: the
-    local shards where the model is sharded."""
-    model, state = hashlib.sha256(), hashlib.sha256()
+    local shards where the model is sharded. The tensors are hashed as one buffer each (a copy into
+    one byte tensor costs less than a hash update per small tensor)."""
+    import torch
+
+    params, state, tags = [], [], []
     for group in opt.param_groups:
         for p in group["params"]:
-            model.update(_tensor_bytes(p))
+            params.append(_flat_bytes(p))
             for key in sorted(opt.state.get(p, {})):
                 value = opt.state[p][key]
-                state.update(key.encode())
-                state.update(_tensor_bytes(value) if hasattr(value, "detach") else repr(value).encode())
-    return {"model_digest": model.hexdigest()[:16], "optimizer_digest": state.hexdigest()[:16]}
+                tags.append(key)
+                if hasattr(value, "detach"):
+                    state.append(_flat_bytes(value))
+                else:
+                    tags.append(repr(value))
+    model = hashlib.sha256(torch.cat(params).numpy() if params else b"")
+    optimizer = hashlib.sha256("\0".join(tags).encode())
+    if state:
+        optimizer.update(torch.cat(state).numpy())
+    return {"model_digest": model.hexdigest()[:16], "optimizer_digest": optimizer.hexdigest()[:16]}
+
+
+def _flat_bytes(t):
+    import torch
+
+    t = t.detach()
+    if hasattr(t, "to_local"):  # a DTensor: this rank's shard
+        t = t.to_local()
+    return t.cpu().reshape(-1).contiguous().view(torch.uint8)
 
 
 def _rng_digests() -> dict[str, str]:
@@ -679,21 +709,14 @@ def _staged() -> None:
     _s.pre_digest = True
 
 
-def _tensor_bytes(t) -> bytes:
-    import torch
-
-    t = t.detach()
-    if hasattr(t, "to_local"):  # a DTensor: this rank's shard
-        t = t.to_local()
-    return t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
 def _append(name: str, rec: dict) -> None:
-    fd = os.open(os.path.join(_s.run_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, (json.dumps(rec) + "\n").encode())
-    finally:
-        os.close(fd)
+    """One JSON line, in one write(2) on a descriptor kept open (O_APPEND: a line a killed process
+    wrote is whole, and the lines of several processes do not mix)."""
+    key = (name, os.getpid())
+    fd = _s.fds.get(key)
+    if fd is None:
+        fd = _s.fds[key] = os.open(os.path.join(_s.run_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, (json.dumps(rec) + "\n").encode())
 
 
 def _at_exit() -> None:
@@ -757,9 +780,26 @@ def environment(controller: str, run_dir, watch, planned=None, digest_every: int
 
 
 def planned_sizes(events) -> dict[str, int]:
-    """File sizes from a run's ``file.done`` / ``ckpt.shard.done`` events: the plan of the next run."""
-    sizes = {}
+    """File sizes from a run's ``file.done`` / ``ckpt.shard.done`` events: the plan of the next run.
+    A file renamed into place (a temporary name, then the final one) gets the size of what it became."""
+    sizes, renamed = {}, {}
     for e in events:
-        if e.get("point") in ("file.done", "ckpt.shard.done"):
-            sizes[e["info"]["path"]] = max(sizes.get(e["info"]["path"], 0), int(e["info"]["bytes"]))
+        info = e.get("info", {})
+        if e.get("point") in ("file.done", "ckpt.shard.done", "faultfs.done"):
+            sizes[info["path"]] = max(sizes.get(info["path"], 0), int(info["bytes"]))
+        elif e.get("point") in ("file.rename", "faultfs.rename") and info.get("src"):
+            renamed[info["src"]] = info["path"]
+    for src, dst in renamed.items():
+        if src not in sizes and dst in sizes:
+            sizes[src] = sizes[dst]
     return sizes
+
+
+def planned_size(planned: dict[str, int], path: str) -> int | None:
+    """A file's planned size: by its path, else by a glob key (a trigger's ``when.path``, for files
+    whose names change from run to run, such as a writer's random temporary name)."""
+    size = planned.get(path)
+    if size is None:
+        size = next((v for k, v in planned.items() if any(c in k for c in "*?[") and fnmatch.fnmatch(path, k)),
+                    None)
+    return size
