@@ -407,21 +407,39 @@ def _cost_md(d: dict) -> str:
 
 
 def _probe_md(d: dict) -> str:
-    cost = [[name, f"{e['step_s_without'] * 1e3:.2f} ms", f"{e['step_s_with'] * 1e3:.2f} ms", f"× {e['ratio']:.3f}",
-             f"{e['step_s_every_point'] * 1e3:.2f} ms" if "step_s_every_point" in e else "",
-             f"× {e['ratio_every_point']:.3f}" if "ratio_every_point" in e else ""]
+    def ms(v):
+        return f"{v * 1e3:.3f} ms"
+
+    cost = [[name, ms(e["step_s_without"]), ms(e["step_s_with"]), f"× {e['ratio']:.3f}",
+             f"× {e['ratio_median_step']:.3f}" if "ratio_median_step" in e else "",
+             ms(e["step_s_every_point"]), f"× {e['ratio_every_point']:.3f}"]
             for name, e in d["cost"].items()]
-    p = d["precision"]
-    prec = [[f"{r['fraction']:.1f}", f"{r['planned_bytes']} B", f"{r['on_disk_bytes']} B",
-             f"{r['landed']:.3f}" if r["landed"] is not None else "not reached"] for r in p["rows"]]
-    return (f"`{d['command']}` ({d['cpus']} CPUs, Python {d['python']}). Step time of each example trainer (2 "
-            "ranks) without the automatic probe layer, with it as a chaos run has it when no trigger names a per-step "
-            "point, and with every per-step point sent to the controller (a golden run), from the difference of a short and a long run "
-            "so that start-up cancels; medians over the rounds.\n\n"
-            + _md(["trainer", "step without", "step with", "ratio", "with every step point", "ratio"], cost)
-            + f"\n\nA SIGKILL at `file.write` with `min_fraction` f of `{p['file']}` (plain DDP loop): bytes on "
-            "disk against f of the size planned from the fault-free run.\n\n"
-            + _md(["f", "planned", "on disk", "landed at"], prec))
+    out = (f"`{d['command']}` ({d['cpus']} CPUs, Python {d['python']}).\n\n"
+           "**Step time, end to end.** Each example trainer (2 ranks) without the automatic probe layer, with it as "
+           "a chaos run has it when no trigger names a per-step point (the trajectory recorded, state digests as "
+           f"a scenario has them by default: every {d.get('digest_every', 4) or 'save and at exit'}), and with every per-step point sent to the controller (as in a golden run). A step timer loaded "
+           "the same way in every arm times rank 0's optimizer steps; a run's step time is the mean interval after "
+           "the warm-up, the table gives the median over the rounds (the arms' order rotating), and the ratio of the "
+           "median step intervals too.\n\n"
+           + _md(["trainer", "step without", "step with", "ratio (mean step)", "ratio (median step)",
+                  "with every step point", "ratio"], cost))
+    if "cpu" in d:
+        rows = [[k.replace("digest_every_", "every ") if k != "digest_every_0" else "none",
+                 f"{e['step_s_without'] * 1e6:.1f} µs", f"{e['step_s_with'] * 1e6:.1f} µs",
+                 f"+{e['extra_s'] * 1e6:.1f} µs"] for k, e in d["cpu"].items()]
+        out += ("\n\n**The layer's work per step, in one process.** The plain loop's model trained in one process "
+                "(no collective to hide the layer's work behind), the layer switched on and off every 500 steps, "
+                "40 times; medians.\n\n" + _md(["state digests", "step without", "step with", "extra per step"], rows))
+    for key, what in (("precision", "`file.write` (the automatic probe layer), plain DDP loop"),
+                      ("precision_faultfs", "`faultfs.write` (faultfs, for writers Python cannot see)")):
+        if key not in d:
+            continue
+        p = d[key]
+        prec = [[f"{r['fraction']:.1f}", f"{r['planned_bytes']} B", f"{r['on_disk_bytes']} B",
+                 f"{r['landed']:.3f}" if r["landed"] is not None else "not reached"] for r in p["rows"]]
+        out += (f"\n\nA SIGKILL at {what}, `min_fraction` f, of `{p['file']}`: bytes written against f of the "
+                "size planned from the fault-free run.\n\n" + _md(["f", "planned", "written", "landed at"], prec))
+    return out
 
 
 TABLES = {
