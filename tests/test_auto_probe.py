@@ -3,6 +3,7 @@ and a trajectory, and a fault lands at the byte the trigger names."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -171,3 +172,24 @@ def test_a_file_renamed_into_place_is_planned_under_both_names_and_by_a_trigger_
     assert auto.planned_size(plan, "ckpt/s8/.tmpZz99") is None
     assert auto.planned_size({**plan, "ckpt/s8/.tmp*": 2612}, "ckpt/s8/.tmpZz99") == 2612
     assert auto.planned_size({**plan, "ckpt/s8/.tmp*": 1}, "ckpt/s8/optimizer.bin") == 8831
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="accelerate is not installed "
+                    "(pip install 'ckpt-chaos[examples]')")
+def test_the_samples_of_each_step_are_those_accelerate_hands_over_though_it_fetches_ahead(tmp_path):
+    # 96 samples, 2 processes, 8 per batch: an epoch is 6 steps, and every sample of rank 0's half once
+    with ProbeServer(Recorder()) as server:
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               **auto.environment(server.address, tmp_path, [tmp_path / "ckpt"], pythonpath=str(REPO))}
+        with open(tmp_path / "torchrun.log", "ab") as out:
+            rc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                                 "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                                 str(REPO / "examples" / "accelerate" / "train.py"), "--ckpt-dir",
+                                 str(tmp_path / "ckpt"), "--steps", "7", "--save-every", "100"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, timeout=180).returncode
+    assert rc == 0, log(tmp_path)
+    records = read_jsonl(tmp_path / "trajectory.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 8))
+    batches = [r.get("samples") for r in records[:6]]
+    assert all(b is not None and len(b) == 1 and len(b[0]) == 8 for b in batches), batches
+    assert len({i for b in batches for i in b[0]}) == 48, batches

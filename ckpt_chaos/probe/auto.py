@@ -40,6 +40,7 @@ last step's digests. ``ckpt_chaos.record(...)`` adds what the layer cannot see.
 from __future__ import annotations
 
 import builtins
+import collections
 import fnmatch
 import hashlib
 import importlib.abc
@@ -106,6 +107,7 @@ class _State:
         self.losses: list[str] = []
         self.samples: list = []  # ids of the batches this step's backwards trained on
         self.batch = None  # ids of the batch a data loader delivered last
+        self.last_iter = None  # the data loader iterator that fetched last
         self.extra: dict = {}
         self.last: dict | None = None
         self.optimizers: list = []
@@ -439,6 +441,11 @@ def _patch_torch(torch) -> None:
         pending = self.__dict__.get("_cc_indices")
         if pending:  # the batch the next backward trains on (a batch skipped on resume is replaced unseen)
             _s.batch = _ids(pending.pop(0))
+            # for a wrapper that fetches ahead (Accelerate's): which batch of this iterator it was
+            n = self.__dict__.get("_cc_fetched", 0)
+            self.__dict__["_cc_fetched"] = n + 1
+            self.__dict__.setdefault("_cc_recent", collections.deque(maxlen=4)).append((n, _s.batch))
+            _s.last_iter = self
         return batch
 
     base._next_index, base.__next__ = _next_index, __next__
@@ -528,6 +535,25 @@ def _patch_lightning(module) -> None:
 def _patch_accelerate(module) -> None:
     _framework_save(module.Accelerator, "save_state", "output_dir", "accelerate")
     _framework_load(module.Accelerator, "load_state", "input_dir", "accelerate")
+    import accelerate.data_loader as data_loader
+
+    shard = data_loader.DataLoaderShard
+    iterate = shard.__iter__
+
+    def __iter__(self):
+        # It fetches one batch ahead of the one it hands over, and drops skip_batches first: the
+        # batch trained on is the (skip + k)-th its data loader iterator fetched, not the last.
+        skip = getattr(self, "skip_batches", 0) or 0
+        it = None
+        for k, batch in enumerate(iterate(self)):
+            it = it or _s.last_iter
+            for n, ids in getattr(it, "_cc_recent", ()):
+                if n == skip + k:
+                    _s.batch = ids
+                    break
+            yield batch
+
+    shard.__iter__ = __iter__
     _arm("accelerate")
 
 
