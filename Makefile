@@ -10,8 +10,11 @@ STAMP  := $(VENV)/.installed
 # the loop-mounted ext4 images; docker.io (dockerd, started by the harness on first use), nftables,
 # iproute2 and util-linux (nsenter) for nodes and partitions. Installed when missing and when we
 # are root; otherwise the scenarios that need them are skipped, loudly, with the reason. chromium:
-# the report's test renders it in a real (headless) browser.
-SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io nftables iproute2 util-linux chromium
+# the report's test renders it in a real (headless) browser. slurm-wlm and munge: slurmctld, slurmd
+# and the clients (sbatch, srun, scontrol) for the private Slurm cluster, munged where its build
+# lacks auth/none.
+SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io nftables iproute2 util-linux chromium \
+                   slurm-wlm munge
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
 .PHONY: setup test chaos chaos-examples bench clean

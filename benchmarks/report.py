@@ -273,6 +273,32 @@ def backend_md(d: dict) -> str:
                  "× local wall"], rows))
 
 
+def slurm_md(d: dict) -> str:
+    def cell(name: str, key: str) -> str:
+        xs = [r[key] for r in d["runs"][name]]
+        spread = f" ({min(xs):.2f}-{max(xs):.2f})" if len(xs) > 1 else ""
+        return f"{d['median'][name][key]:.2f} s{spread}"
+
+    rows = []
+    for name in d["median"]:
+        c = d["configs"][name]
+        label = (f"cred_expire {c['cred_expire_s']} s, sched_interval {c['sched_interval_s']} s, "
+                 f"KillWait {c['kill_wait_s']} s")
+        rows.append([label, d["rounds"][name]] + [cell(name, k) for k in ("start_s", "first_submit_to_start_s",
+                                                                          "requeue_to_restart_s", "submit_to_start_s",
+                                                                          "stop_s")])
+    extra = f" --default-rounds {d['rounds']['slurm_defaults']}" if "slurm_defaults" in d["rounds"] else ""
+    return (f"`python benchmarks/slurm_cluster.py --rounds {d['rounds']['tuned']}{extra}` ({d['when']}, {d['cpus']} "
+            f"CPUs, {d['slurm']}, auth/{d['auth']}): a fresh cluster each round (slurmctld and {d['nodes']} slurmd "
+            f"on this host); jobs of {d['nodes']} nodes with one `srun` task per node, the first submitted as soon as "
+            "every node is idle, requeued, cancelled, then a second one; a task has started when it has written its "
+            "first line. Medians, the range over the rounds in brackets; 120 s and 60 s are Slurm's own "
+            "cred_expire and sched_interval.\n\n" +
+            _md(["settings", "rounds", "start (to every node idle)", "first sbatch to both tasks started",
+                 "scontrol requeue to both tasks started again", "a later sbatch to both tasks started",
+                 "stop (close, a job running)"], rows))
+
+
 def remote_md(d: dict) -> str:
     u, on, off, r = d["upload_mb_s"], d["training"]["on"], d["training"]["off"], d["training"]["on_over_off"]
     mb = d["checkpoint_bytes"] / 1e6
@@ -449,6 +475,7 @@ TABLES = {
     "checkpoint_overhead": ("What checkpointing costs the reference trainer", overhead_md),
     "soak_goodput": ("Goodput under real failures against the model", soak_md),
     "backend_startup": ("What a multi-node backend adds per launch", backend_md),
+    "slurm_cluster": ("A private Slurm cluster: start, job start, requeue, stop", slurm_md),
     "remote_upload": ("The remote tier: upload throughput and training stall", remote_md),
     "storage_stall": ("Checkpoint stall on healthy, fault-layered and slow storage", storage_md),
     "explore_order": ("When the search first composes a narrow window", order_md),

@@ -311,11 +311,12 @@ def kill_tree(pids: list[int], token: str) -> int:
 
 
 def remove_leftovers() -> list[str]:
-    """Every kind of leftover of processes that are gone: mounts and faultfs daemons, nodes."""
-    from ckpt_chaos.env import cluster, storage
+    """Every kind of leftover of processes that are gone: mounts and faultfs daemons, nodes, Slurm
+    clusters."""
+    from ckpt_chaos.env import cluster, slurm, storage
 
     removed = []
-    for remove in (storage.remove_leftovers, cluster.remove_leftovers):
+    for remove in (storage.remove_leftovers, cluster.remove_leftovers, slurm.remove_leftovers):
         try:
             removed += remove()
         except Exception as e:  # one kind that cannot be listed must not keep the others

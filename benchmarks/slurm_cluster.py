@@ -1,0 +1,122 @@
+"""What a private Slurm cluster costs: start, a job's start, a requeue's restart, stop.
+
+Each round starts a fresh 2-node cluster (``ckpt_chaos.env.slurm.SlurmCluster``) and times:
+
+* ``start_s``: from the constructor to every node idle (config, daemons, registration);
+* ``first_submit_to_start_s``: from calling ``sbatch`` right after start to the later of the two
+  tasks' first line (a 2-node job, one ``srun`` task per node; each task stamps ``date +%s.%N``):
+  what a harness's first launch sees;
+* ``requeue_to_restart_s``: from calling ``scontrol requeue`` to the later of the two tasks of
+  the restarted run (the old run's tasks killed, the credential wait, scheduling, launch);
+* ``submit_to_start_s``: the same as the first, for a second job once the first is cancelled and
+  both nodes are idle again (a cluster that has been up a while);
+* ``stop_s``: ``close()``, with that job still running (cancel, daemons stopped, state removed).
+
+``--default-rounds N`` adds N rounds whose requeue runs under Slurm's own cred_expire (120 s) and
+sched_interval (60 s), to show what the cluster's settings save. Figures are medians.
+
+    python benchmarks/slurm_cluster.py --rounds 5   # writes benchmarks/results/slurm_cluster.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ckpt_chaos.env.slurm import SlurmCluster, SlurmConfig, auth_method, missing, version  # noqa: E402
+
+JOB = """#!/bin/bash
+srun bash -c 'f="SEEN/run${SLURM_RESTART_COUNT:-0}-task$SLURM_NODEID"; date +%s.%N > "$f.tmp" && mv "$f.tmp" "$f"; \
+  exec sleep 600'
+"""
+KEYS = ("start_s", "first_submit_to_start_s", "requeue_to_restart_s", "submit_to_start_s", "stop_s")
+
+
+def _stamps(seen: Path, run: int, timeout: float) -> list[float]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = sorted(seen.glob(f"run{run}-task[0-9]"))
+        if len(files) == 2:
+            return [float(f.read_text()) for f in files]
+        time.sleep(0.02)
+    raise SystemExit(f"run {run} of the job did not start on both nodes within {timeout:.0f}s (see {seen.parent})")
+
+
+def one_round(work: Path, config: SlurmConfig, requeue_timeout: float) -> dict:
+    seen = work / "seen"
+    seen.mkdir(parents=True)
+    t0 = time.monotonic()
+    c = SlurmCluster(work / "slurm", config)
+    try:
+        c.start()
+        start_s = time.monotonic() - t0
+        t = time.time()
+        job = c.sbatch(JOB.replace("SEEN", str(seen)), "--requeue", "--nodes=2", "--ntasks-per-node=1", cwd=work)
+        first_s = max(_stamps(seen, 0, 60)) - t
+        t = time.time()
+        c.scontrol("requeue", str(job))
+        requeue_s = max(_stamps(seen, 1, requeue_timeout)) - t
+        c.scancel(str(job))
+        deadline = time.monotonic() + 60
+        while (c.jobs() or not c.all_idle()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (seen2 := work / "seen2").mkdir()
+        t = time.time()
+        c.sbatch(JOB.replace("SEEN", str(seen2)), "--nodes=2", "--ntasks-per-node=1", cwd=work)
+        submit_s = max(_stamps(seen2, 0, 60)) - t
+    finally:
+        t1 = time.monotonic()
+        c.close()
+        stop_s = time.monotonic() - t1
+    return {"start_s": start_s, "first_submit_to_start_s": first_s, "requeue_to_restart_s": requeue_s,
+            "submit_to_start_s": submit_s, "stop_s": stop_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--default-rounds", type=int, default=0,
+                    help="rounds with Slurm's default cred_expire and sched_interval (each takes over 2 minutes)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "slurm_cluster.json"))
+    args = ap.parse_args()
+    if why := missing():
+        raise SystemExit(f"cannot run a Slurm cluster here: {why}")
+    configs = {"tuned": SlurmConfig(nodes=2)}
+    if args.default_rounds:
+        configs["slurm_defaults"] = SlurmConfig(nodes=2, cred_expire_s=120, sched_interval_s=60)
+    runs: dict[str, list[dict]] = {name: [] for name in configs}
+    with tempfile.TemporaryDirectory(prefix="ckpt-chaos-bench-slurm-") as tmp:
+        for r in range(max(args.rounds, args.default_rounds)):
+            for name, config in configs.items():
+                if r >= (args.rounds if name == "tuned" else args.default_rounds):
+                    continue
+                runs[name].append(one_round(Path(tmp) / f"{name}-{r}", config,
+                                            requeue_timeout=60 if name == "tuned" else 300))
+                print(f"round {r + 1} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[name][-1].items()),
+                      flush=True)
+    out = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": platform.node(),
+           "cpus": os.cpu_count(), "slurm": version(), "auth": auth_method(), "nodes": 2,
+           "rounds": {name: len(rs) for name, rs in runs.items()},
+           "configs": {name: {k: v for k, v in vars(c).items() if k not in ("extra", "start_timeout_s")}
+                       for name, c in configs.items()},
+           "runs": runs,
+           "median": {name: {k: statistics.median(x[k] for x in rs) for k in KEYS} for name, rs in runs.items()}}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\n{'config':<15}" + "".join(f"{k:>25}" for k in KEYS))
+    for name, m in out["median"].items():
+        print(f"{name:<15}" + "".join(f"{m[k]:>25.2f}" for k in KEYS))
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,569 @@
+"""A throwaway Slurm cluster on this one machine, for jobs that a real scheduler requeues.
+
+``SlurmCluster`` starts ``slurmctld`` and one ``slurmd -N nX`` per node as children of the
+harness (Debian's build runs several slurmd on one host, each on a port of its own), with a
+private configuration, state and ports, and waits until every node is idle. Jobs go in with
+``sbatch`` against ``env`` (``SLURM_CONF`` names the generated file); the faults are Slurm's own:
+``scontrol requeue``, a node set down, a job cancelled.
+
+Layout: ``ROOT/slurm.conf`` and ``ROOT/log/`` (kept for post-mortem), and the state under a short
+directory of its own, ``$TMPDIR/ckpt-chaos-slurm-<pid of the harness>-<random>`` (slurmctld's
+state, each slurmd's spool, pid files, a private munged's key and socket where one is needed):
+slurmstepd puts Unix sockets in the spool, and a socket's path must fit in 108 bytes, which a
+pytest ``tmp_path`` does not promise.
+
+``close`` cancels the jobs, stops the daemons, kills whatever is left (slurmstepd and job
+processes leave the daemons' process tree: slurmd double-forks slurmstepd, and each task gets a
+process group of its own) and removes the state. The state directory's name carries the
+harness's pid, and every process of the cluster can be traced to it: the daemons and the jobs
+have it in their environment (a job gets ``sbatch``'s), and slurmstepd, which slurmd starts with
+an empty environment, runs in it (slurmd's working directory) and listens on sockets in it. So
+``remove_leftovers`` finds what a SIGKILLed harness left behind, without touching a live
+harness's cluster.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+# In the environment of the daemons and of every job: the cluster's state directory, whose name
+# carries the pid of the harness that started it (STATE_PREFIX<pid>-<random>).
+STATE_ENV = "CKPT_CHAOS_SLURM_STATE"
+STATE_PREFIX = "ckpt-chaos-slurm-"
+TMP = os.path.realpath(tempfile.gettempdir())  # resolved: a process's cwd is, and is matched against it
+DAEMONS = ("slurmctld", "slurmd")
+CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
+SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local/bin")
+# Debian's multiarch directory first; the others are where upstream and RPM builds put plugins.
+PLUGIN_DIRS = ("/usr/lib/*/slurm-wlm", "/usr/lib/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm",
+               "/usr/local/lib/slurm")
+PACKAGES = "slurm-wlm and munge"
+
+
+class SlurmError(RuntimeError):
+    """The cluster could not be started or stopped; the message says what to do."""
+
+
+# ---- what this machine can do -------------------------------------------------------------------
+
+def _which(name: str) -> str | None:
+    """sbin is not on every PATH (a non-login root shell, CI): look there too."""
+    return shutil.which(name) or next((f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK)), None)
+
+
+def plugin_dir() -> Path | None:
+    """Where this Slurm build keeps its plugins (the directory that holds select_linear.so)."""
+    for pattern in PLUGIN_DIRS:
+        for d in sorted(glob.glob(pattern)):
+            if os.path.exists(f"{d}/select_linear.so"):
+                return Path(d)
+    return None
+
+
+def auth_method() -> str | None:
+    """``none`` where the build has auth/none and cred/none (no daemon to run), ``munge`` where a
+    private munged can be started, None where neither works."""
+    plugins = plugin_dir()
+    if plugins and all((plugins / f"{p}.so").exists() for p in ("auth_none", "cred_none")):
+        return "none"
+    if plugins and (plugins / "auth_munge.so").exists() and _which("munged"):
+        return "munge"
+    return None
+
+
+def version() -> str | None:
+    """``slurm-wlm 22.05.8`` or the like; None where Slurm is not installed. Asked of the daemon:
+    the clients' --version wants a configuration to read first."""
+    path = _which("slurmctld")
+    return subprocess.run([path, "-V"], capture_output=True, text=True).stdout.strip() or None if path else None
+
+
+def missing() -> str | None:
+    """Why this machine cannot run a private Slurm cluster (None: it can). Used to skip loudly."""
+    if os.geteuid() != 0:
+        return "a private Slurm cluster runs slurmd as root (it starts jobs as their user); run as root (CI does)"
+    for name in DAEMONS + CLIENTS:
+        if _which(name) is None:
+            return f"{name} is not installed; install the Debian packages {PACKAGES} (make setup does)"
+    if plugin_dir() is None:
+        return f"Slurm's plugins (select_linear.so) were not found in {', '.join(PLUGIN_DIRS)}; reinstall {PACKAGES}"
+    if auth_method() is None:
+        return "this Slurm build has no auth/none plugin and munged is not installed; install munge (make setup does)"
+    return None
+
+
+# ---- configuration ------------------------------------------------------------------------------
+
+@dataclass
+class SlurmConfig:
+    """What the generated slurm.conf says. The defaults make a requeued job start again within
+    seconds; Slurm's own are tuned for clusters where minutes do not matter."""
+
+    # Nodes n1..nN, each one slurmd on its own port of this host.
+    nodes: int = 2
+    # CPUs each node declares. slurmd sees the whole machine either way; SlurmdParameters=
+    # config_overrides makes Slurm believe this, so four nodes fit on two cores.
+    cpus_per_node: int = 1
+    # "none" (auth/none and cred/none: nothing to run), "munge" (a private munged with its own key
+    # and socket), or "auto": none where the build has the plugins, else munge.
+    auth: str = "auto"
+    # AuthInfo=cred_expire: how long a job credential lives, and so how long slurmctld holds a
+    # requeued job back (its old credential must expire on the nodes first). Slurm's default, 120 s,
+    # makes every requeue cost two minutes. 5 is the least Slurm takes: below it logs
+    # "AuthInfo=cred_expire=N invalid" and goes back to 120 s without a word to the client.
+    cred_expire_s: int = 5
+    # SchedulerParameters=sched_interval: how often the main scheduling loop looks at pending jobs;
+    # a requeued job becomes eligible on a timer, and only this loop notices (default 60 s).
+    sched_interval_s: int = 1
+    # KillWait: SIGTERM to SIGKILL for a cancelled or requeued job's tasks (default 30 s).
+    kill_wait_s: int = 2
+    # SlurmdTimeout: how long a silent slurmd stays up in slurmctld's eyes (default 300 s): node
+    # loss by a killed slurmd is noticed within this.
+    slurmd_timeout_s: int = 10
+    # MessageTimeout: one RPC's round trip (default 10 s); everything here is on loopback.
+    message_timeout_s: int = 5
+    # How long start() waits for every node to be idle before it gives up with the daemons' logs.
+    start_timeout_s: float = 60.0
+    # ReturnToService: 1, a node that went down because its slurmd stopped answering comes back when
+    # the slurmd registers again (a restarted or replaced node), and one set down on purpose (scontrol
+    # update state=down) stays down until resumed. With 2 a node set down is back within one ping
+    # (about SlurmdTimeout / 3), whatever the fault meant to hold.
+    return_to_service: int = 1
+    # More slurm.conf lines, written after the generated ones (a later line wins in Slurm).
+    extra: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.auth not in ("auto", "none", "munge"):
+            raise ValueError(f"auth must be auto, none or munge, not {self.auth!r}")
+        if self.nodes < 1:
+            raise ValueError(f"a cluster needs at least one node, not {self.nodes}")
+        if self.cred_expire_s < 5:  # Slurm would run with 120 s instead, and every requeue would wait for it
+            raise ValueError(f"cred_expire_s must be at least 5 (Slurm ignores {self.cred_expire_s} and uses 120)")
+
+
+def _free_ports(n: int) -> list[int]:
+    """Ports nothing listens on now. All are held open together so that they differ; another
+    process may still take one before the daemon binds it, which start() reports."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def listening(ports) -> list[int]:
+    """Those of ``ports`` on which some process listens (TCP, any address)."""
+    wanted = set(ports)
+    return sorted({c.laddr.port for c in psutil.net_connections("tcp")
+                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in wanted})
+
+
+def _clean_env() -> dict[str, str]:
+    """The harness's environment without Slurm's variables: a harness that itself runs inside a
+    Slurm job must not hand its job's SLURM_JOB_ID or SLURM_CONF to the private cluster."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
+
+
+# ---- the cluster --------------------------------------------------------------------------------
+
+class SlurmCluster:
+    """slurmctld and ``config.nodes`` slurmd on this machine. Use as a context manager: ``close``
+    removes every process, port and state file it made, whatever happened."""
+
+    def __init__(self, root: Path, config: SlurmConfig | None = None):
+        self.root = Path(root)
+        self.config = config or SlurmConfig()
+        self.conf = self.root / "slurm.conf"
+        self.logs = self.root / "log"
+        self.state = Path(TMP) / f"{STATE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        self.nodes = [f"n{i + 1}" for i in range(self.config.nodes)]
+        self.auth = self.config.auth if self.config.auth != "auto" else (auth_method() or "none")
+        self.ctld_port, *self.node_ports = _free_ports(1 + self.config.nodes)
+        self.env = {**_clean_env(), "SLURM_CONF": str(self.conf), STATE_ENV: str(self.state)}
+        self._daemons: dict[str, subprocess.Popen] = {}  # name (munged, slurmctld, n1, ...) -> process
+
+    @property
+    def ports(self) -> list[int]:
+        """Every TCP port the configuration names (slurmctld's, then each node's)."""
+        return [self.ctld_port, *self.node_ports]
+
+    def __enter__(self) -> "SlurmCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- start
+
+    def slurm_conf(self) -> str:
+        c, s, host = self.config, self.state, socket.gethostname().split(".")[0]
+        auth_info = [f"cred_expire={c.cred_expire_s}"]
+        if self.auth == "munge":
+            auth_info.insert(0, f"socket={s / 'munge' / 'munge.socket'}")
+        lines = [
+            "# generated by ckpt_chaos.env.slurm for one run; removed with it",
+            "ClusterName=ckptchaos",
+            # slurmctld starts only on a host that SlurmctldHost names; the address keeps it on loopback
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={self.ctld_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"AuthType=auth/{self.auth}",
+            f"CredType=cred/{self.auth}",
+            f"AuthInfo={','.join(auth_info)}",
+            f"StateSaveLocation={s / 'ctld'}",
+            f"SlurmdSpoolDir={s / 'spool' / '%n'}",
+            f"SlurmctldPidFile={s / 'slurmctld.pid'}",
+            f"SlurmdPidFile={s / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={self.logs / 'slurmctld.log'}",
+            f"SlurmdLogFile={self.logs / 'slurmd-%n.log'}",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            # pgid: a requeue or cancel kills the task's whole process group; linuxproc lets a
+            # re-parented child escape, cgroup needs a cgroup hierarchy a container may not give
+            "ProctrackType=proctrack/pgid",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SwitchType=switch/none",
+            "MpiDefault=none",
+            # whole nodes: one node is one host of the job, as the harness's node faults assume
+            "SelectType=select/linear",
+            "SchedulerType=sched/builtin",
+            f"SchedulerParameters=batch_sched_delay=0,sched_interval={c.sched_interval_s}",
+            f"KillWait={c.kill_wait_s}",
+            f"SlurmdTimeout={c.slurmd_timeout_s}",
+            f"MessageTimeout={c.message_timeout_s}",
+            "InactiveLimit=0",
+            "Waittime=0",
+            f"ReturnToService={c.return_to_service}",
+            "SlurmdParameters=config_overrides",
+            "PropagateResourceLimits=NONE",
+            "MailProg=/bin/true",
+            f"NodeName=DEFAULT CPUs={c.cpus_per_node} State=UNKNOWN",
+            *(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p}"
+              for n, p in zip(self.nodes, self.node_ports)),
+            "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            *c.extra,
+        ]
+        return "\n".join(lines) + "\n"
+
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        # munged wants its socket reachable by every user along the whole path (0755); what is secret
+        # is its key (0400), and the rest is 0700
+        self.state.mkdir(mode=0o755)
+        (self.state / "munge").mkdir(mode=0o755)
+        for d in ("ctld", "spool"):
+            (self.state / d).mkdir(mode=0o700)
+        for n in self.nodes:
+            (self.state / "spool" / n).mkdir(mode=0o700, exist_ok=True)
+        self.conf.write_text(self.slurm_conf())
+        if self.auth == "munge":
+            self._start_munged()
+        self._spawn("slurmctld", [_which("slurmctld"), "-D", "-f", str(self.conf)])
+        self._wait("slurmctld to answer", lambda: self.run("scontrol", "ping", check=False).returncode == 0)
+        for n in self.nodes:
+            self._spawn(n, [_which("slurmd"), "-D", "-N", n, "-f", str(self.conf)])
+        self._wait(f"all {len(self.nodes)} nodes to be idle", self.all_idle)
+
+    def all_idle(self) -> bool:
+        states = self.node_states()
+        return sorted(states) == sorted(self.nodes) and set(states.values()) == {"idle"}
+
+    def _start_munged(self) -> None:
+        d = self.state / "munge"
+        key = d / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o400)  # munged refuses a key that others can read
+        self._spawn("munged", [_which("munged"), "--foreground", f"--key-file={key}", f"--socket={d / 'munge.socket'}",
+                               f"--pid-file={d / 'munged.pid'}", f"--seed-file={d / 'munged.seed'}",
+                               f"--log-file={self.logs / 'munged.log'}"])
+        self._wait("munged's socket", lambda: (d / "munge.socket").exists())
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        log = open(self.logs / f"{name}.out", "ab")
+        # A session of its own: a Ctrl-C in the harness's terminal reaches the harness, which tears
+        # the cluster down in order, not the daemons directly. The working directory is the state:
+        # slurmstepd inherits it from slurmd, and it is how a leftover slurmstepd is recognised.
+        self._daemons[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                               env=self.env, start_new_session=True, cwd=self.state)
+        log.close()
+
+    def _wait(self, what: str, ready, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout or self.config.start_timeout_s)
+        while time.monotonic() < deadline:
+            dead = {n: p.returncode for n, p in self._daemons.items() if p.poll() is not None}
+            if dead:
+                raise SlurmError(f"{', '.join(f'{n} exited ({rc})' for n, rc in dead.items())} while waiting for "
+                                 f"{what}{self._log_tails()}")
+            if ready():
+                return
+            time.sleep(0.1)
+        taken = _foreign_listeners(self.ports, {p.pid for p in self._daemons.values()})
+        hint = f"; another process listens on {taken}: run again (the ports are drawn anew)" if taken else ""
+        raise SlurmError(f"timed out after {timeout or self.config.start_timeout_s:.0f}s waiting for {what}"
+                         f"{hint}{self._log_tails()}")
+
+    def _log_tails(self, n: int = 15) -> str:
+        out = []
+        for path in sorted(self.logs.glob("*")):
+            lines = path.read_text(errors="replace").splitlines()[-n:]
+            if lines:
+                out.append(f"\n--- {path} ---\n" + "\n".join(lines))
+        return "".join(out) + f"\n(the logs are in {self.logs})"
+
+    # -- clients
+
+    def run(self, tool: str, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+        """One Slurm command against this cluster; with ``check`` a failure raises with its output."""
+        path = _which(tool)
+        if path is None:
+            raise SlurmError(f"{tool} is not installed; install the Debian packages {PACKAGES} (make setup does)")
+        p = subprocess.run([path, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise SlurmError(f"{tool} {' '.join(args)} failed ({p.returncode}): {(p.stderr or p.stdout).strip()}")
+        return p
+
+    def sbatch(self, script: str | Path, *args: str, cwd: Path | None = None) -> int:
+        """Submit a batch script (its text, or a file) and return the job id."""
+        if isinstance(script, str):
+            fd, name = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.state)
+            with os.fdopen(fd, "w") as f:
+                f.write(script)
+            path = Path(name)
+        else:
+            path = Path(script)
+        chdir = [f"--chdir={cwd}"] if cwd else []
+        out = self.run("sbatch", "--parsable", *chdir, *args, str(path)).stdout.strip()
+        return int(out.split(";")[0])
+
+    def scontrol(self, *args: str) -> str:
+        return self.run("scontrol", *args).stdout
+
+    def scancel(self, *args: str) -> str:
+        return self.run("scancel", *args).stdout
+
+    def squeue(self, *args: str) -> str:
+        return self.run("squeue", *args).stdout
+
+    def node_states(self) -> dict[str, str]:
+        """Node -> its state as sinfo prints it (``idle``, ``alloc``, ``down*``, ...); {} while
+        slurmctld does not answer."""
+        p = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
+        if p.returncode != 0:
+            return {}
+        return dict(line.split(None, 1) for line in p.stdout.splitlines() if line.strip())
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job``'s fields (JobState, Restarts, NodeList, Reason, ...); {} once slurmctld
+        has forgotten the job."""
+        p = self.run("scontrol", "show", "job", "-o", str(job_id), check=False)
+        if p.returncode != 0:
+            return {}
+        return dict(re.findall(r"(\w[\w:/]*)=(\S*)", p.stdout))
+
+    def jobs(self) -> list[int]:
+        """Ids of the jobs slurmctld has not finished with (pending, running, completing)."""
+        p = self.run("squeue", "-h", "-o", "%i", check=False)
+        return [int(x) for x in p.stdout.split() if x.isdigit()] if p.returncode == 0 else []
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this cluster: daemons, step daemons and job tasks."""
+        return _tagged(lambda state: state == str(self.state))
+
+    # -- teardown
+
+    def close(self) -> None:
+        """Cancel the jobs, stop the daemons, kill what is left, remove the state. It tries every
+        step and raises at the end with what could not be done."""
+        problems = []
+        ctld = self._daemons.get("slurmctld")
+        if ctld is not None and ctld.poll() is None:
+            # let slurmctld end the jobs while it can: their steps go through their own epilogue
+            # instead of being orphaned by a killed slurmd
+            try:
+                if self.jobs():
+                    self.run("scancel", *map(str, self.jobs()), check=False, timeout=10)
+                    end = time.monotonic() + self.config.kill_wait_s + 3
+                    while self.jobs() and time.monotonic() < end:
+                        time.sleep(0.1)
+            except (subprocess.TimeoutExpired, OSError):
+                pass
+        # nodes first, munged last: a daemon still running needs munged to say goodbye
+        order = [n for n in self._daemons if n not in ("slurmctld", "munged")] + ["slurmctld", "munged"]
+        for name in order:
+            p = self._daemons.get(name)
+            if p is not None and p.poll() is None:
+                p.terminate()
+        for name in order:
+            p = self._daemons.get(name)
+            if p is None:
+                continue
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._daemons.clear()
+        left = _kill(self.processes)
+        if left:
+            problems.append(f"processes that survived SIGKILL: {left}")
+        if busy := _wait_ports(self.ports):
+            problems.append(f"ports {busy} still listening")
+        shutil.rmtree(self.state, ignore_errors=True)
+        if self.state.exists():
+            problems.append(f"cannot remove {self.state}; remove it by hand")
+        if problems:
+            raise SlurmError("; ".join(problems))
+
+
+def _wait_ports(ports, timeout: float = 5) -> list[int]:
+    """The ports still listening after ``timeout`` (a killed process's sockets close as it is reaped)."""
+    end = time.monotonic() + timeout
+    while (busy := listening(ports)) and time.monotonic() < end:
+        time.sleep(0.1)
+    return busy
+
+
+def _foreign_listeners(ports, ours: set[int]) -> list[int]:
+    """Those of ``ports`` that a process other than ``ours`` listens on."""
+    wanted = set(ports)
+    return sorted({c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                   and c.laddr and c.laddr.port in wanted and c.pid not in ours})
+
+
+def _state_dir(path: str) -> str | None:
+    """The cluster state directory that ``path`` lies in, if any."""
+    m = _STATE.match(path)
+    return m.group(0) if m else None
+
+
+def _tagged(wanted) -> list[psutil.Process]:
+    """The live processes of the clusters whose state directory ``wanted(state)`` picks: those that
+    carry it in their environment (daemons, jobs), those that run in it or hold a socket in it
+    (slurmstepd: slurmd starts it with an empty environment, in slurmd's own working directory, and
+    it listens in the spool), and all their descendants (a job started with ``--export=NONE``)."""
+    found: dict[int, psutil.Process] = {}
+
+    def add(p: psutil.Process) -> None:
+        found[p.pid] = p
+        try:
+            found.update((c.pid, c) for c in p.children(recursive=True))
+        except psutil.Error:
+            pass
+
+    for p in psutil.process_iter():
+        try:
+            state = p.environ().get(STATE_ENV) or _state_dir(p.cwd())
+        except (psutil.Error, OSError):
+            continue
+        if state and wanted(state):
+            add(p)
+    try:
+        sockets = psutil.net_connections("unix")
+    except (psutil.Error, OSError):
+        sockets = []
+    for conn in sockets:
+        state = _state_dir(conn.laddr) if isinstance(conn.laddr, str) else None
+        if state and conn.pid and wanted(state) and conn.pid not in found:
+            try:
+                add(psutil.Process(conn.pid))
+            except psutil.Error:
+                pass
+    found.pop(os.getpid(), None)
+    return [p for p in found.values() if _alive(p)]
+
+
+def _kill(find) -> list[int]:
+    """SIGKILL every process ``find()`` returns, until it returns none (a task may fork while it is
+    being killed); the pids still alive at the end."""
+    left: list[psutil.Process] = []
+    for _ in range(3):
+        procs = find()
+        if not procs:
+            return []
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGKILL)  # stopped processes die of it too
+            except psutil.Error:
+                pass
+        _, left = psutil.wait_procs(procs, timeout=5)
+    return [p.pid for p in left if _alive(p)]
+
+
+def _alive(p: psutil.Process) -> bool:
+    """Running and not a zombie: a zombie that init has not reaped yet holds no port or file."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# ---- leftovers of harnesses that were killed ----------------------------------------------------
+
+_STATE = re.compile(rf"{re.escape(os.path.join(TMP, STATE_PREFIX))}(\d+)-[0-9a-f]+(?=/|$)")
+
+
+def _owner(state: str) -> int:
+    return int(_STATE.match(state).group(1))
+
+
+def _owner_alive(state: str) -> bool:
+    owner = _owner(state)
+    return owner == os.getpid() or psutil.pid_exists(owner)
+
+
+def _state_dirs() -> list[str]:
+    """Every cluster's state directory on this machine."""
+    return sorted(d for d in glob.glob(os.path.join(TMP, f"{STATE_PREFIX}*"))
+                  if _STATE.fullmatch(d) and os.path.isdir(d))
+
+
+def leftovers(owner: int | None = None) -> list[str]:
+    """Processes (``process PID NAME``) and state directories (``state DIR``) of clusters whose
+    harness no longer runs, or all of those of harness ``owner``."""
+    def wanted(state: str) -> bool:
+        return _owner(state) == owner if owner is not None else not _owner_alive(state)
+
+    out = []
+    for p in sorted(_tagged(wanted), key=lambda p: p.pid):
+        try:
+            out.append(f"process {p.pid} {p.name()}")
+        except psutil.Error:
+            pass
+    return out + [f"state {d}" for d in _state_dirs() if wanted(d)]
+
+
+def remove_leftovers() -> list[str]:
+    """Kill every process of the clusters of harnesses that no longer run, remove their state."""
+    gone = leftovers()
+    _kill(lambda: _tagged(lambda state: not _owner_alive(state)))
+    for d in _state_dirs():
+        if not _owner_alive(d):
+            shutil.rmtree(d, ignore_errors=True)
+    return gone
