@@ -184,3 +184,31 @@ def test_the_cluster_of_a_killed_harness_is_removed_by_the_leftover_cleaner(tmp_
     assert alive(ours) == []
     assert listening(ran["ports"]) == []
     assert not Path(ran["state"]).exists()
+
+
+def test_the_reference_trainer_requeued_by_slurm_resumes_bit_exact(tmp_path):
+    from ckpt_chaos.check.history import read_jsonl
+    from ckpt_chaos.env.launcher import worker_pythonpath
+    from tests.helpers import mismatches, train, trainer_args
+
+    golden = tmp_path / "golden"
+    assert train(golden, 2) == 0
+    run = tmp_path / "run"
+    run.mkdir()
+    # slow enough that the requeue lands mid-run, which changes nothing in the numbers
+    args = trainer_args(run, step_delay_s=0.4)
+    with SlurmCluster(tmp_path / "slurm", SlurmConfig(nodes=2)) as cluster:
+        job = cluster.submit_torchrun(run, nodes=2, ranks_per_node=1, module="reference_trainer",
+                                      trainer_args=args, env={"PYTHONPATH": worker_pythonpath()})
+        wait_for("the step-4 checkpoint", lambda: any(
+            e.get("event") == "committed" for e in read_jsonl(run / "events.jsonl")))
+        cluster.scontrol("requeue", str(job.job_id))
+        rc = job.wait(120)
+        restarts = job.restarts()
+    log = (run / "slurm-job.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert restarts == 1, log[-3000:]
+    events = read_jsonl(run / "events.jsonl")
+    loaded = [e for e in events if e.get("event") == "loaded"]
+    assert [e["attempt"] for e in loaded] == [1], events  # the requeued run, SLURM_RESTART_COUNT=1, resumed
+    assert mismatches(golden, run) == []

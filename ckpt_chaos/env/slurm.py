@@ -28,10 +28,12 @@ import glob
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -339,18 +341,21 @@ class SlurmCluster:
 
     # -- clients
 
-    def run(self, tool: str, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-        """One Slurm command against this cluster; with ``check`` a failure raises with its output."""
+    def run(self, tool: str, *args: str, check: bool = True, timeout: float = 30,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """One Slurm command against this cluster; with ``check`` a failure raises with its output.
+        ``env`` comes on top of the cluster's (``sbatch`` exports it to the job)."""
         path = _which(tool)
         if path is None:
             raise SlurmError(f"{tool} is not installed; install the Debian packages {PACKAGES} (make setup does)")
-        p = subprocess.run([path, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([path, *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
+                           timeout=timeout)
         if check and p.returncode != 0:
             raise SlurmError(f"{tool} {' '.join(args)} failed ({p.returncode}): {(p.stderr or p.stdout).strip()}")
         return p
 
-    def sbatch(self, script: str | Path, *args: str, cwd: Path | None = None) -> int:
-        """Submit a batch script (its text, or a file) and return the job id."""
+    def sbatch(self, script: str | Path, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+        """Submit a batch script (its text, or a file) and return the job id; ``env`` goes to the job."""
         if isinstance(script, str):
             fd, name = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.state)
             with os.fdopen(fd, "w") as f:
@@ -359,7 +364,7 @@ class SlurmCluster:
         else:
             path = Path(script)
         chdir = [f"--chdir={cwd}"] if cwd else []
-        out = self.run("sbatch", "--parsable", *chdir, *args, str(path)).stdout.strip()
+        out = self.run("sbatch", "--parsable", *chdir, *args, str(path), env=env).stdout.strip()
         return int(out.split(";")[0])
 
     def scontrol(self, *args: str) -> str:
@@ -391,6 +396,34 @@ class SlurmCluster:
         """Ids of the jobs slurmctld has not finished with (pending, running, completing)."""
         p = self.run("squeue", "-h", "-o", "%i", check=False)
         return [int(x) for x in p.stdout.split() if x.isdigit()] if p.returncode == 0 else []
+
+    def submit_torchrun(self, run_dir: Path, nodes: int, ranks_per_node: int, module: str, trainer_args: list[str],
+                        env: dict[str, str]) -> "SlurmJob":
+        """Submit a requeueable job of ``nodes`` nodes, one ``srun`` task per node running the trainer
+        under torchrun (``ranks_per_node`` ranks), the tasks meeting at a c10d store on the first
+        node. A requeue runs the same script again: the trainer sees ``SLURM_RESTART_COUNT``, which
+        the script also exports as ``CKPT_CHAOS_ATTEMPT`` (the launch the harness counts)."""
+        from ckpt_chaos.env.launcher import JOB_MARKER
+
+        marker = secrets.token_hex(16)
+        port = _free_ports(1)[0]
+        task = " ".join([
+            shlex.quote(sys.executable), "-m", "torch.distributed.run", f"--nnodes={nodes}",
+            f"--nproc-per-node={ranks_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            '--rdzv-id="$SLURM_JOB_ID-$SLURM_RESTART_COUNT"',
+            '--rdzv-conf="is_host=$([ "$SLURM_NODEID" = 0 ] && echo true || echo false),join_timeout=60"',
+            "-m", shlex.quote(module), *map(shlex.quote, trainer_args)])
+        log = Path(run_dir) / "slurm-job.log"
+        script = "\n".join([
+            "#!/bin/bash",
+            "export CKPT_CHAOS_ATTEMPT=${SLURM_RESTART_COUNT:-0}",
+            f'echo "ckpt-chaos: job $SLURM_JOB_ID attempt $CKPT_CHAOS_ATTEMPT on $SLURM_JOB_NODELIST"',
+            # --kill-on-bad-exit: a node whose task died takes the step down, as torchrun's peers would
+            f"exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c {shlex.quote(task)}", ""])
+        job_id = self.sbatch(script, f"--nodes={nodes}", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                             f"--output={log}", "--export=ALL", cwd=Path.cwd(),
+                             env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", JOB_MARKER: marker, **env})
+        return SlurmJob(self, job_id, marker, log)
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this cluster: daemons, step daemons and job tasks."""
@@ -440,6 +473,84 @@ class SlurmCluster:
             problems.append(f"cannot remove {self.state}; remove it by hand")
         if problems:
             raise SlurmError("; ".join(problems))
+
+
+# scontrol's JobState values after which Slurm does nothing more with a job (unless requeued)
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+            "OUT_OF_MEMORY"}
+
+
+@dataclass
+class SlurmJob:
+    """A job on the cluster, with ``launcher.Job``'s interface; its relaunches are Slurm's requeues."""
+
+    cluster: SlurmCluster
+    job_id: int
+    marker: str  # in every task's environment (JOB_MARKER): how its processes are found
+    log_path: Path
+    torn_down: list[int] = field(default_factory=list)
+    torn_down_after_s: float = 0.0
+
+    def state(self) -> dict[str, str]:
+        return self.cluster.job(self.job_id)
+
+    def poll(self) -> int | None:
+        """The exit status once Slurm is done with the job (a failed or cancelled job without one: 1);
+        None while it is pending, running, being requeued."""
+        info = self.state()
+        state = info.get("JobState")
+        if state is None:
+            return 1  # slurmctld forgot the job: it ended long ago, or the cluster is gone
+        if state not in TERMINAL:
+            return None
+        code = int(info.get("ExitCode", "0:0").split(":")[0] or 0)
+        return 0 if state == "COMPLETED" else (code or 1)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            rc = self.poll()
+            if rc is not None or (deadline is not None and time.monotonic() >= deadline):
+                return rc
+            time.sleep(0.1)
+
+    def restarts(self) -> int:
+        """How often Slurm has requeued it (SLURM_RESTART_COUNT of its current run)."""
+        return int(self.state().get("Restarts", "0") or 0)
+
+    def workers(self) -> list[psutil.Process]:
+        from ckpt_chaos.env.launcher import job_processes
+
+        return job_processes(self.marker)
+
+    def launcher_pids(self) -> list[int]:
+        return [p.pid for p in self.workers() if "torch.distributed.run" in " ".join(_cmdline(p))]
+
+    def host_pid(self, rank: int, pid: int) -> int:
+        return pid  # one host, one pid namespace
+
+    def signal(self, sig: signal.Signals) -> None:
+        """To every task of the job's steps, as ``scancel --signal`` does for a preemption notice."""
+        self.cluster.run("scancel", f"--signal={sig.name.removeprefix('SIG')}", str(self.job_id), check=False)
+
+    def kill(self) -> None:
+        """Cancel it and wait until none of its processes is left."""
+        self.cluster.run("scancel", str(self.job_id), check=False)
+        end = time.monotonic() + self.cluster.config.kill_wait_s + 5
+        while (self.workers() or self.poll() is None) and time.monotonic() < end:
+            time.sleep(0.1)
+        for p in self.workers():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 def _wait_ports(ports, timeout: float = 5) -> list[int]:
