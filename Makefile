@@ -71,10 +71,11 @@ chaos-examples: setup
 bench: setup
 	$(PY) benchmarks/launch_phases.py --rounds 5
 	$(PY) benchmarks/scenario_cost.py --rounds 3 --explore-s 300
-	$(PY) benchmarks/probe_layer.py --rounds 3
+	$(PY) benchmarks/probe_layer.py --rounds 5
 	$(PY) benchmarks/storage_stall.py --rounds 5
 	$(PY) benchmarks/backend_startup.py --rounds 5
 	$(PY) benchmarks/remote_upload.py --rounds 5
+	$(PY) benchmarks/slurm_cluster.py --rounds 5 --default-rounds 1
 	$(PY) benchmarks/checkpoint_overhead.py --rounds 3
 	$(PY) benchmarks/soak_goodput.py --rounds 3
 	$(PY) benchmarks/explore_order.py --seeds 40
