@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -349,6 +350,9 @@ class AgentJob(Job):
         super().__init__(spare.popen, spare.marker, log_path)
         self.agent_pid, self._spare = agent_pid, spare
         self._status, self._buf, self._ranks, self._rc = status, b"", {}, None
+        # the supervisor polls the job while a nemesis thread may kill it: the status pipe must not
+        # be closed by one between the other's check and its read
+        self._lock = threading.RLock()
         os.set_blocking(self._status, False)
 
     @property
@@ -356,6 +360,10 @@ class AgentJob(Job):
         return self.agent_pid == self.popen.pid
 
     def _read(self) -> None:
+        with self._lock:
+            self._read_locked()
+
+    def _read_locked(self) -> None:
         if self._status < 0:
             return
         eof = False
@@ -398,7 +406,10 @@ class AgentJob(Job):
                     return self.popen.wait(left)
                 except subprocess.TimeoutExpired:
                     return None
-            select.select([self._status] if self._status >= 0 else [], [], [], min(left or 0.1, 0.1))
+            try:
+                select.select([self._status] if self._status >= 0 else [], [], [], min(left or 0.1, 0.1))
+            except (OSError, ValueError):  # closed meanwhile by a kill in another thread: poll says
+                time.sleep(0.01)
         return rc
 
     def signal(self, sig: signal.Signals) -> None:
@@ -432,10 +443,11 @@ class AgentJob(Job):
                 kill_processes(procs)
                 psutil.wait_procs([q for q in procs if q.pid != self.agent_pid], timeout=5)
             self.wait(5)  # the spare reaps the agent and says how it ended
-        self._read()
-        if self._status >= 0:
-            os.close(self._status)
-            self._status = -1
+        with self._lock:
+            self._read_locked()
+            if self._status >= 0:
+                os.close(self._status)
+                self._status = -1
 
 
 class _Spares:
