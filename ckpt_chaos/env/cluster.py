@@ -39,7 +39,8 @@ import psutil
 from filelock import FileLock
 
 from ckpt_chaos.config import cache_dir
-from ckpt_chaos.env.launcher import JOB_MARKER, _term_when_parent_dies, job_processes, worker_pythonpath
+from ckpt_chaos.env.launcher import (JOB_MARKER, _term_when_parent_dies, job_processes, poll_until,
+                                     worker_pythonpath)
 from ckpt_chaos.extras import missing_extra
 from ckpt_chaos.probe import ENV_CONTROLLER
 
@@ -247,12 +248,7 @@ class ClusterJob:
         return None
 
     def wait(self, timeout: float | None = None) -> int | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            rc = self.poll()
-            if rc is not None or (deadline is not None and time.monotonic() >= deadline):
-                return rc
-            time.sleep(0.05)
+        return poll_until(self.poll, timeout, 0.05)
 
     def signal(self, sig: signal.Signals) -> None:
         """A preemption notice reaches every node's agent."""

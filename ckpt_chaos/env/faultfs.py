@@ -37,7 +37,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import sys
 import threading
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 
 from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
 
+from ckpt_chaos.env.launcher import kill_pending
 from ckpt_chaos.env.storage import FAULTFS_POINTS, socket_address
 from ckpt_chaos.probe.auto import planned_size
 
@@ -121,14 +121,11 @@ def _alive(pid: int) -> bool:
     """Neither dead nor dying: a process held here does not die of a SIGKILL before the answer, but
     the call it is held in must not happen."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
         return False
-    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
-        return False
-    kill = 1 << (signal.SIGKILL - 1)
-    return not any(int(fields.get(k, "0").strip() or "0", 16) & kill for k in ("SigPnd", "ShdPnd"))
+    return state not in ("Z", "X") and not kill_pending(pid)
 
 
 class Reporter:

@@ -118,6 +118,27 @@ def kill_processes(procs: list[psutil.Process]) -> None:
             pass
 
 
+def kill_pending(pid: int) -> bool:
+    """SIGKILL is queued for the process (its thread or its thread group): it runs no more of its
+    own code, though a call it is blocked in (held by faultfs) may not have returned yet."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+    except (OSError, ValueError, IndexError):
+        return False
+    return any(m & (1 << (signal.SIGKILL - 1)) for m in masks)
+
+
+def poll_until(poll, timeout: float | None, interval: float) -> int | None:
+    """``poll()``'s first answer that is not None, or None once ``timeout`` seconds have passed."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        rc = poll()
+        if rc is not None or (deadline is not None and time.monotonic() >= deadline):
+            return rc
+        time.sleep(interval)
+
+
 @dataclass
 class Job:
     popen: subprocess.Popen

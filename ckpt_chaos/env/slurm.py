@@ -41,6 +41,8 @@ from pathlib import Path
 
 import psutil
 
+from ckpt_chaos.env.launcher import JOB_MARKER, job_processes, poll_until
+
 # In the environment of the daemons and of every job: the cluster's state directory, whose name
 # carries the pid of the harness that started it (STATE_PREFIX<pid>-<random>).
 STATE_ENV = "CKPT_CHAOS_SLURM_STATE"
@@ -403,8 +405,6 @@ class SlurmCluster:
         under torchrun (``ranks_per_node`` ranks), the tasks meeting at a c10d store on the first
         node. A requeue runs the same script again: the trainer sees ``SLURM_RESTART_COUNT``, which
         the script also exports as ``CKPT_CHAOS_ATTEMPT`` (the launch the harness counts)."""
-        from ckpt_chaos.env.launcher import JOB_MARKER
-
         marker = secrets.token_hex(16)
         port = _free_ports(1)[0]
         task = " ".join([
@@ -507,20 +507,13 @@ class SlurmJob:
         return 0 if state == "COMPLETED" else (code or 1)
 
     def wait(self, timeout: float | None = None) -> int | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            rc = self.poll()
-            if rc is not None or (deadline is not None and time.monotonic() >= deadline):
-                return rc
-            time.sleep(0.1)
+        return poll_until(self.poll, timeout, 0.1)
 
     def restarts(self) -> int:
         """How often Slurm has requeued it (SLURM_RESTART_COUNT of its current run)."""
         return int(self.state().get("Restarts", "0") or 0)
 
     def workers(self) -> list[psutil.Process]:
-        from ckpt_chaos.env.launcher import job_processes
-
         return job_processes(self.marker)
 
     def launcher_pids(self) -> list[int]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from ckpt_chaos.env.launcher import kill_pending
 from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams, Setting
 
 if TYPE_CHECKING:
@@ -68,15 +69,6 @@ def _running(proc: psutil.Process) -> bool:
         return False
     return status != psutil.STATUS_ZOMBIE and not (status == psutil.STATUS_DISK_SLEEP and kill_pending(proc.pid))
 
-
-def kill_pending(pid: int) -> bool:
-    """SIGKILL is queued for the process (its thread or its thread group)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
-    except (OSError, ValueError, IndexError):
-        return False
-    return any(m & (1 << (signal.SIGKILL - 1)) for m in masks)
 
 
 def kill_local_node(job: Job, pids: list[int]) -> int:
