@@ -101,3 +101,26 @@ def test_a_resume_that_does_not_restore_the_step_counter_is_caught_and_named(tmp
     assert verdict == "fail", r.checks
     assert detail.startswith("steps 13..16 were trained, past the golden run's last step 12"), detail
     assert "its step counter was not restored" in detail, detail
+
+
+def test_a_golden_run_that_crashes_natively_once_is_run_again_and_one_that_always_does_is_an_error(
+        tmp_path, golden_root, capfd):
+    from ckpt_chaos.run import command
+    from ckpt_chaos.scenario import ScenarioError
+
+    # rank 1 aborts at exit as gloo now and then does, the first time only (a file remembers)
+    once = tmp_path / "crashed-once"
+    end = '    dist.destroy_process_group()\n'
+    trainer = plant(tmp_path, (end, end + f'    if rank == 1 and not os.path.exists({str(once)!r}):\n'
+                                          f'        open({str(once)!r}, "w").close()\n'
+                                          '        os.abort()\n'))
+    s = load(MID_WRITE)
+    argv = [str(trainer) if a == "examples/plain_ddp/train.py" else a for a in s.command.argv]
+    s = dataclasses.replace(s, command=dataclasses.replace(s.command, argv=argv, key=[str(trainer)]))
+    golden = command.golden_run(s, tmp_path / "golden")
+    assert (golden / "golden.json").is_file() and once.exists()
+    assert "crashed natively (SIGABRT in a rank), running it once more" in capfd.readouterr().err
+
+    plant(tmp_path, (end, end + '    if rank == 1:\n        os.abort()\n'))  # the same file, now always
+    with pytest.raises(ScenarioError, match="the trainer's fault-free run failed"):
+        command.golden_run(s, tmp_path / "golden")

@@ -22,6 +22,7 @@ import atexit
 import importlib.util
 import json
 import os
+import re
 import select
 import signal
 import site
@@ -137,6 +138,19 @@ def poll_until(poll, timeout: float | None, interval: float) -> int | None:
         if rc is not None or (deadline is not None and time.monotonic() >= deadline):
             return rc
         time.sleep(interval)
+
+
+# How torchrun and faulthandler report a worker killed by a signal of its own making; the nemesis
+# sends SIGKILL, SIGTERM and SIGSTOP only, so these are never an injected fault.
+_NATIVE_CRASH = re.compile(r"Signal \d+ \((SIGSEGV|SIGABRT|SIGBUS|SIGILL|SIGFPE)\)|Fatal Python error")
+
+
+def native_crash(log: Path) -> str | None:
+    """What a launch's log says a rank died of, if it crashed natively (torch, gloo, the C++ runtime):
+    on a loaded 2-core machine gloo now and then aborts a worker at exit ("terminate called without
+    an active exception"), about once in a few hundred launches."""
+    found = _NATIVE_CRASH.findall(log.read_text(errors="replace")) if log.exists() else []
+    return next((f"{sig} in a rank" for sig in found if sig), "Fatal Python error" if found else None)
 
 
 @dataclass

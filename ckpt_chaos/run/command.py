@@ -22,7 +22,7 @@ from filelock import FileLock
 from ckpt_chaos.check.any_trainer import EXACT
 from ckpt_chaos.check.history import read_jsonl
 from ckpt_chaos.config import golden_dir
-from ckpt_chaos.env.launcher import Job, launch_command, worker_pythonpath
+from ckpt_chaos.env.launcher import Job, launch_command, native_crash, worker_pythonpath
 from ckpt_chaos.env.storage import FAULTFS_POINTS, Storage, StorageSpec
 from ckpt_chaos.probe import auto
 from ckpt_chaos.run.controller import ProbeServer
@@ -173,8 +173,15 @@ def golden_run(s: Scenario, root: Path | None = None, timeout: float = 600) -> P
             return final
         runs = []
         for n in (1, 2):
-            work = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
-            rc, events = _golden_once(s, work, timeout)
+            for tries in (1, 2):
+                work = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+                rc, events = _golden_once(s, work, timeout)
+                crash = native_crash(work / "torchrun.log") if rc != 0 else None
+                if crash is None or tries == 2:
+                    break
+                # the fault-free run says nothing about faults; a crash the trainer causes comes back
+                print(f"ckpt-chaos: WARNING: {s.source}: the trainer's fault-free run crashed natively ({crash}), "
+                      f"running it once more; its log: {work / 'torchrun.log'}", file=sys.stderr, flush=True)
             if rc != 0:
                 log = (work / "torchrun.log").read_text()[-3000:] if (work / "torchrun.log").exists() else ""
                 raise ScenarioError(f"{s.source}: command: the trainer's fault-free run failed (exit {rc}); "

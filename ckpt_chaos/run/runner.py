@@ -38,7 +38,7 @@ from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessEr
                                      ProbeEvent, RankExited, Reaped, TornDown, final_state, of, read_history,
                                      snapshot_checkpoints, trainer_events)
 from ckpt_chaos.config import golden_dir
-from ckpt_chaos.env.launcher import Job, launch, module_path, prewarm
+from ckpt_chaos.env.launcher import Job, launch, module_path, native_crash, prewarm
 from ckpt_chaos.env import cluster as cluster_module
 from ckpt_chaos.env.cluster import Cluster
 from ckpt_chaos.faults import Launch, Nemeses, Setting, requirements
@@ -380,19 +380,12 @@ class ChaosRun:
         return any(e.get("attempt", 0) >= launch for e in trainer_events(self.run_dir, "finished"))
 
 
-# How torchrun and faulthandler report a worker killed by a signal of its own making; the nemesis
-# sends SIGKILL, SIGTERM and SIGSTOP only, so these are never an injected fault.
-_NATIVE_CRASH = re.compile(r"Signal \d+ \((SIGSEGV|SIGABRT|SIGBUS|SIGILL|SIGFPE)\)|Fatal Python error")
-
-
 def native_crash_before_any_fault(run_dir: Path) -> str | None:
     """The crash line, if a rank died of a native crash (torch, gloo, the C++ runtime) before any fault
     fired: the run then says nothing about fault handling, and the scenario is run once more."""
     if of(read_history(run_dir), FaultFired):
         return None
-    log = run_dir / "torchrun.log"
-    found = _NATIVE_CRASH.findall(log.read_text(errors="replace")) if log.exists() else []
-    return next((f"{sig} in a rank" for sig in found if sig), "Fatal Python error" if found else None)
+    return native_crash(run_dir / "torchrun.log")
 
 
 _SEGFAULT = re.compile(r"Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault")
