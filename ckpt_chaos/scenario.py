@@ -27,8 +27,8 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
     nth = 1                         # the n-th event that matches all of the above
 
     [cluster]                       # where the job's nodes run (node and network faults)
-    backend = "docker"              # local (default: one host, torchrun --standalone) | docker | netns
-    ranks_per_node = 1              # docker / netns: the job has world_size / ranks_per_node nodes
+    backend = "docker"              # local (default: one host, torchrun --standalone) | docker | netns | slurm
+    ranks_per_node = 1              # docker / netns / slurm: the job has world_size / ranks_per_node nodes
 
     [storage]                       # the file system under the checkpoint directory (storage faults)
     fs = "tmpfs"                    # host (default) | tmpfs | ext4 (a loop-mounted image)
@@ -117,7 +117,7 @@ FAULT_KINDS: dict[str, tuple[str, str]] = {k.name: (k.family, k.doc) for k in KI
 FAMILIES = families()
 FILE_SYSTEMS = ("host", "tmpfs", "ext4")
 RELAUNCH = ("harness", "torchrun", "none")
-BACKENDS = ("local", "docker", "netns")
+BACKENDS = ("local", "docker", "netns", "slurm")
 TRAJECTORY = ("bit-exact", "tolerance")
 GENERIC_KEYS = ("kind", "when", "target", "attempt")  # every fault's keys; the rest are its kind's (faults/)
 # Every scenario is in this suite, whatever its ``suites`` key says, so that none can drop out of
@@ -214,6 +214,12 @@ class Cluster:
     @property
     def multi_node(self) -> bool:
         return self.backend != "local"
+
+    @property
+    def one_host(self) -> bool:
+        """Every node is a process tree on this host, in its mount namespace: local, and Slurm's
+        nodes here (slurmd -N), so storage faults reach every rank."""
+        return self.backend in ("local", "slurm")
 
 
 @dataclass
@@ -639,9 +645,12 @@ def _check_cluster(s: Scenario) -> None:
         if world % c.ranks_per_node:
             raise _error(src, key, f"{world} ranks do not fill nodes of {c.ranks_per_node} rank(s)",
                          "use a multiple of cluster.ranks_per_node")
-    if s.storage.fs != "host":
-        raise _error(src, "storage", f"storage faults run on the local backend, not {c.backend!r}",
+    if s.storage.fs != "host" and not c.one_host:
+        raise _error(src, "storage", f"storage faults run on the local or slurm backend, not {c.backend!r}",
                      "drop [storage] and storage faults, or use backend = \"local\"")
+    if c.backend == "slurm" and s.recovery.relaunch == "torchrun":
+        raise _error(src, "recovery.relaunch", "on the slurm backend Slurm relaunches the job (its requeue)",
+                     "use relaunch = \"harness\" (a failed job is requeued with scontrol requeue) or \"none\"")
     if not s.probe:
         raise _error(src, "probe", f"the {c.backend} backend drives trainers through the probe",
                      "use probe = true, or backend = \"local\" for an unprobed trainer")

@@ -55,9 +55,14 @@ class LaunchStarted(Record):
     pid: int  # the launcher's (node 0's on a multi-node backend)
     mode: str  # recovery.relaunch
     probe: bool = True
-    backend: str | None = None  # multi-node backends: docker | netns
+    backend: str | None = None  # multi-node backends: docker | netns | slurm
     nodes: int | None = None
     launcher_pids: list[int] | None = None
+    # slurm: job_id, restart_count (SLURM_RESTART_COUNT its tasks see), node_list, requeued_by
+    # (slurm: Slurm's own requeue, past a grace period or after a lost node; job: the batch script
+    # requeued itself after a preemption it survived; harness: scontrol requeue of a job that ended
+    # without finishing, as an operator does)
+    slurm: dict | None = None
 
 
 @dataclass(kw_only=True)
@@ -105,6 +110,7 @@ class Exited(Record):
     grace_expired: list[float] = field(default_factory=list)  # a preemption's grace ran out at these times
     remote: dict | None = None  # the remote tier's snapshot
     complete: dict | None = None  # a [command] trainer: what it counts as complete checkpoints, path -> size, mtime_ns
+    slurm: dict | None = None  # the slurm backend: the job's JobState, Reason, ExitCode, Restarts as the run ended
 
 
 @dataclass(kw_only=True)

@@ -55,6 +55,7 @@ SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local
 PLUGIN_DIRS = ("/usr/lib/*/slurm-wlm", "/usr/lib/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm",
                "/usr/local/lib/slurm")
 PACKAGES = "slurm-wlm and munge"
+URGENT = "urgent"  # the partition whose jobs preempt the others
 
 
 class SlurmError(RuntimeError):
@@ -146,6 +147,10 @@ class SlurmConfig:
     # update state=down) stays down until resumed. With 2 a node set down is back within one ping
     # (about SlurmdTimeout / 3), whatever the fault meant to hold.
     return_to_service: int = 1
+    # Partitions: jobs go to "main" (the default); a job in "urgent" (higher PriorityTier, never
+    # preempted itself) preempts them with PreemptMode=REQUEUE: SIGTERM to their tasks, GraceTime
+    # seconds, SIGKILL, requeue. GraceTime of "main" at start (scontrol update changes it later).
+    grace_time_s: int = 0
     # More slurm.conf lines, written after the generated ones (a later line wins in Slurm).
     extra: list[str] = field(default_factory=list)
 
@@ -192,8 +197,11 @@ class SlurmCluster:
     """slurmctld and ``config.nodes`` slurmd on this machine. Use as a context manager: ``close``
     removes every process, port and state file it made, whatever happened."""
 
-    def __init__(self, root: Path, config: SlurmConfig | None = None):
+    backend = "slurm"
+
+    def __init__(self, root: Path, config: SlurmConfig | None = None, ranks_per_node: int = 1):
         self.root = Path(root)
+        self.ranks_per_node = ranks_per_node  # of the jobs the harness runs here: rank -> node
         self.config = config or SlurmConfig()
         self.conf = self.root / "slurm.conf"
         self.logs = self.root / "log"
@@ -271,7 +279,11 @@ class SlurmCluster:
             f"NodeName=DEFAULT CPUs={c.cpus_per_node} State=UNKNOWN",
             *(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={p}"
               for n, p in zip(self.nodes, self.node_ports)),
-            "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            f"PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "
+            f"GraceTime={c.grace_time_s}",
+            f"PartitionName={URGENT} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
             *c.extra,
         ]
         return "\n".join(lines) + "\n"
@@ -400,30 +412,99 @@ class SlurmCluster:
         return [int(x) for x in p.stdout.split() if x.isdigit()] if p.returncode == 0 else []
 
     def submit_torchrun(self, run_dir: Path, nodes: int, ranks_per_node: int, module: str, trainer_args: list[str],
-                        env: dict[str, str]) -> "SlurmJob":
-        """Submit a requeueable job of ``nodes`` nodes, one ``srun`` task per node running the trainer
-        under torchrun (``ranks_per_node`` ranks), the tasks meeting at a c10d store on the first
-        node. A requeue runs the same script again: the trainer sees ``SLURM_RESTART_COUNT``, which
-        the script also exports as ``CKPT_CHAOS_ATTEMPT`` (the launch the harness counts)."""
+                        env: dict[str, str], min_nodes: int | None = None, sbatch_args: tuple[str, ...] = ()
+                        ) -> "SlurmJob":
+        """Submit a requeueable job of ``nodes`` nodes (or anything from ``min_nodes`` up: a requeued
+        job then starts on what is left), one ``srun`` task per node running the trainer under
+        torchrun (``ranks_per_node`` ranks, ``--nnodes`` the nodes this run got), the tasks meeting at
+        a c10d store on the first node. A requeue runs the same script again: the trainer sees
+        ``SLURM_RESTART_COUNT``, which the script also exports as ``CKPT_CHAOS_ATTEMPT`` (the launch
+        the harness counts), and each run's exit status goes to ``slurm-attempt-N.rc``."""
         marker = secrets.token_hex(16)
         port = _free_ports(1)[0]
         task = " ".join([
-            shlex.quote(sys.executable), "-m", "torch.distributed.run", f"--nnodes={nodes}",
+            shlex.quote(sys.executable), "-m", "torch.distributed.run", '--nnodes="$SLURM_JOB_NUM_NODES"',
             f"--nproc-per-node={ranks_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
             '--rdzv-id="$SLURM_JOB_ID-$SLURM_RESTART_COUNT"',
             '--rdzv-conf="is_host=$([ "$SLURM_NODEID" = 0 ] && echo true || echo false),join_timeout=60"',
             "-m", shlex.quote(module), *map(shlex.quote, trainer_args)])
         log = Path(run_dir) / "slurm-job.log"
+        rc_file = shlex.quote(str(Path(run_dir) / "slurm-attempt-")) + '"$CKPT_CHAOS_ATTEMPT.rc"'
         script = "\n".join([
             "#!/bin/bash",
             "export CKPT_CHAOS_ATTEMPT=${SLURM_RESTART_COUNT:-0}",
-            f'echo "ckpt-chaos: job $SLURM_JOB_ID attempt $CKPT_CHAOS_ATTEMPT on $SLURM_JOB_NODELIST"',
-            # --kill-on-bad-exit: a node whose task died takes the step down, as torchrun's peers would
-            f"exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c {shlex.quote(task)}", ""])
-        job_id = self.sbatch(script, f"--nodes={nodes}", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
-                             f"--output={log}", "--export=ALL", cwd=Path.cwd(),
+            'echo "ckpt-chaos: job $SLURM_JOB_ID attempt $CKPT_CHAOS_ATTEMPT on $SLURM_JOB_NODELIST"',
+            # A preemption or requeue signals this script too: it outlives srun (until the SIGKILL at
+            # the end of the grace period) so that the run's exit status is kept.
+            "told=",
+            "trap 'told=1; echo \"ckpt-chaos: the batch script got SIGTERM\"' TERM",
+            # no --kill-on-bad-exit: torchrun exits non-zero after a SIGTERM however cleanly its workers
+            # stopped, and that must not cut short the other nodes' emergency saves (a node that dies
+            # is noticed by its peers' collectives, as without Slurm)
+            f"srun --ntasks-per-node=1 bash -c {shlex.quote(task)} &",
+            "pid=$!",
+            'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done',
+            f'echo "$rc" > {rc_file}',
+            # Preempted (Slurm signals the steps, not this script, and sets PreemptTime) and stopped
+            # within the grace period: Slurm would let the job end there, so it requeues itself, as
+            # submitit and Lightning's SLURM plugin do. Past the grace period Slurm requeues it
+            # (PreemptMode=REQUEUE); after an operator's requeue this one is refused.
+            'scontrol show job "$SLURM_JOB_ID" | grep -q "PreemptTime=[0-9]" && told=1',
+            'if [ -n "$told" ]; then',
+            '  echo "ckpt-chaos: job $SLURM_JOB_ID attempt $CKPT_CHAOS_ATTEMPT requeues itself (exit status $rc)"',
+            '  scontrol requeue "$SLURM_JOB_ID" || true',
+            'fi',
+            'exit "$rc"', ""])
+        size = f"{min_nodes}-{nodes}" if min_nodes and min_nodes < nodes else str(nodes)
+        job_id = self.sbatch(script, f"--nodes={size}", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                             f"--output={log}", "--export=ALL", *sbatch_args, cwd=Path.cwd(),
                              env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", JOB_MARKER: marker, **env})
-        return SlurmJob(self, job_id, marker, log)
+        return SlurmJob(self, job_id, marker, log, Path(run_dir))
+
+    def node_processes(self, node: str) -> list[psutil.Process]:
+        """The processes of node ``node`` (n1, ...): its slurmd, the step daemons it started and its
+        tasks (slurmstepd gives each task ``SLURMD_NODENAME``; its children inherit it)."""
+        out = []
+        daemon = self._daemons.get(node)
+        for p in self.processes():
+            try:
+                if p.environ().get("SLURMD_NODENAME") == node or (daemon is not None and p.pid == daemon.pid):
+                    out.append(p)
+                elif p.name() == "slurmstepd" and any(f"/spool/{node}/" in str(c.laddr)
+                                                      for c in p.net_connections("unix")):
+                    out.append(p)
+            except (psutil.Error, OSError):
+                pass
+        return out
+
+    def kill_node(self, node: str) -> list[int]:
+        """A node's hardware lost: SIGKILL its slurmd, step daemons and tasks; the pids killed."""
+        procs = self.node_processes(node)
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=5)
+        daemon = self._daemons.get(node)
+        if daemon is not None:
+            daemon.wait(5)
+        return sorted(p.pid for p in procs)
+
+    def kill_nodes(self, nodes: list[int], job: "SlurmAttempt") -> None:
+        """The job's nodes ``nodes`` (SLURM_NODEID) lose its processes, torchrun and ranks, at once;
+        their slurmd lives on and reports the step's end (``kill_node`` loses the whole node)."""
+        procs = [p for p in job.workers() if _node_id(p) in nodes]
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=5)
+
+    def restart_node(self, node: str) -> None:
+        """Start a lost node's slurmd again (a repaired node); Slurm takes it back as ReturnToService says."""
+        self._spawn(node, [_which("slurmd"), "-D", "-N", node, "-f", str(self.conf)])
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this cluster: daemons, step daemons and job tasks."""
@@ -488,6 +569,7 @@ class SlurmJob:
     job_id: int
     marker: str  # in every task's environment (JOB_MARKER): how its processes are found
     log_path: Path
+    run_dir: Path
     torn_down: list[int] = field(default_factory=list)
     torn_down_after_s: float = 0.0
 
@@ -513,11 +595,21 @@ class SlurmJob:
         """How often Slurm has requeued it (SLURM_RESTART_COUNT of its current run)."""
         return int(self.state().get("Restarts", "0") or 0)
 
+    def attempt_rc(self, attempt: int) -> int | None:
+        """The exit status run ``attempt`` of the batch script recorded, if it lived to record it."""
+        try:
+            return int((self.run_dir / f"slurm-attempt-{attempt}.rc").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def attempt(self, number: int) -> "SlurmAttempt":
+        return SlurmAttempt(self, number)
+
     def workers(self) -> list[psutil.Process]:
         return job_processes(self.marker)
 
     def launcher_pids(self) -> list[int]:
-        return [p.pid for p in self.workers() if "torch.distributed.run" in " ".join(_cmdline(p))]
+        return [p.pid for p in self.workers() if _cmdline(p)[1:3] == ["-m", "torch.distributed.run"]]
 
     def host_pid(self, rank: int, pid: int) -> int:
         return pid  # one host, one pid namespace
@@ -537,6 +629,148 @@ class SlurmJob:
                 p.kill()
             except psutil.Error:
                 pass
+
+
+@dataclass
+class SlurmAttempt:
+    """Run ``number`` of a job (its SLURM_RESTART_COUNT), with ``launcher.Job``'s interface: it
+    ends when Slurm is done with it (requeued, or finished) and none of its processes is left."""
+
+    job: SlurmJob
+    number: int
+    torn_down: list[int] = field(default_factory=list)
+    torn_down_after_s: float = 0.0
+    slurm_ended: float | None = None  # when Slurm was done with this run (monotonic)
+    leftovers_killed: list[int] = field(default_factory=list)  # its processes Slurm's pgid tracking missed
+    final: dict[str, str] = field(default_factory=dict)  # scontrol's fields when it ended
+
+    @property
+    def log_path(self) -> Path:
+        return self.job.log_path
+
+    def state(self) -> dict[str, str]:
+        return self.job.state()
+
+    def running(self) -> bool:
+        """Slurm runs this very attempt and its torchrun has started."""
+        info = self.state()
+        return (info.get("JobState") == "RUNNING" and int(info.get("Restarts", "0") or 0) == self.number
+                and bool(self.launcher_pids()))
+
+    def requeued_itself(self) -> bool:
+        """The batch script of this run requeued the job after a preemption it survived."""
+        line = f"job {self.job.job_id} attempt {self.number} requeues itself"
+        return self.log_path.exists() and line in self.log_path.read_text(errors="replace")
+
+    def _kill_orphans(self) -> None:
+        """Kill the ranks whose torchrun is gone. Slurm's SIGKILL at the end of a grace period (or of
+        KillWait) reaches torchrun's process group only: its workers have sessions of their own,
+        which proctrack/pgid does not follow, and would go on writing. proctrack/cgroup on a real
+        cluster kills them with it."""
+        procs = self.workers()
+        ours = {p.pid for p in procs}
+        for p in procs:
+            try:
+                if "RANK" in p.environ() and p.ppid() not in ours:  # re-parented: its torchrun is gone
+                    p.kill()
+                    self.leftovers_killed.append(p.pid)
+            except psutil.Error:
+                pass
+
+    def poll(self) -> int | None:
+        self._kill_orphans()
+        if self.slurm_ended is None:
+            info = self.state()
+            restarts = int(info.get("Restarts", "0") or 0)
+            if info and restarts == self.number and info.get("JobState") not in TERMINAL:
+                return None
+            self.slurm_ended, self.final = time.monotonic(), info
+        if self.workers():
+            if time.monotonic() - self.slurm_ended < self.job.cluster.config.kill_wait_s + 3:
+                return None
+            for p in self.workers():  # what outlived Slurm's own kill by more than KillWait
+                try:
+                    p.kill()
+                    self.leftovers_killed.append(p.pid)
+                except psutil.Error:
+                    pass
+            return None
+        rc = self.job.attempt_rc(self.number)
+        if rc is not None:
+            return rc
+        # killed before it could say (SIGKILL at the end of a grace period, a lost node)
+        code = int(self.final.get("ExitCode", "0:9").split(":")[0] or 0) if self.final else 0
+        return code or -signal.SIGKILL
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return poll_until(self.poll, timeout, 0.05)
+
+    def workers(self) -> list[psutil.Process]:
+        out = []
+        for p in self.job.workers():
+            try:
+                if p.environ().get("CKPT_CHAOS_ATTEMPT") == str(self.number):
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    def launcher_pids(self) -> list[int]:
+        return [p.pid for p in self.workers() if _cmdline(p)[1:3] == ["-m", "torch.distributed.run"]]
+
+    def rank_pids(self) -> dict[int, int]:
+        return {}
+
+    def host_pid(self, rank: int, pid: int) -> int:
+        return pid
+
+    def node_of(self, rank: int) -> int:
+        for p in self.workers():
+            try:
+                env = p.environ()
+            except psutil.Error:
+                continue
+            if env.get("RANK") == str(rank):
+                return int(env.get("SLURM_NODEID", "0"))
+        raise LookupError(f"rank {rank} of attempt {self.number} is not running")
+
+    def node_name(self, index: int) -> str | None:
+        """The Slurm node (n1, ...) that holds the job's node ``index`` (SLURM_NODEID) in this run."""
+        for p in self.workers():
+            try:
+                env = p.environ()
+            except psutil.Error:
+                continue
+            if env.get("SLURM_NODEID") == str(index) and env.get("SLURMD_NODENAME"):
+                return env["SLURMD_NODENAME"]
+        return None
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.job.signal(sig)
+
+    def kill(self) -> None:
+        """Nothing: the job lives on into its next run; ``SlurmJob.kill`` ends it."""
+
+
+def _node_id(p: psutil.Process) -> int | None:
+    try:
+        return int(p.environ().get("SLURM_NODEID", ""))
+    except (psutil.Error, ValueError):
+        return None
+
+
+def expand_nodes(node_list: str) -> list[str]:
+    """Slurm's compact node list (``n[1-2,4]``, ``n1,n3``) as names, as ``scontrol show hostnames``
+    would print them, without asking a cluster that may be gone."""
+    out = []
+    for prefix, ranges, single in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", node_list):
+        if single:
+            out.append(single)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            out += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi or lo) + 1)]
+    return out
 
 
 def _cmdline(p: psutil.Process) -> list[str]:

@@ -1,6 +1,6 @@
 """The fault kinds, each defined once in its family's module, and the registry the rest looks them up in.
 
-A family module (``process``, ``storage``, ``cluster``, ``remote``) holds, for each of its kinds, one
+A family module (``process``, ``storage``, ``cluster``, ``remote``, ``slurm``) holds, for each of its kinds, one
 ``FaultKind``: its name, its one-line meaning, its parameters (a small dataclass: one field per
 TOML key, with its default), its validation, the nemesis method that injects it, the facts the
 checks and the search go by (does it end the launch, may it fail saves...), its colour in the
@@ -196,6 +196,6 @@ def requirements(s: Scenario) -> str | None:
 
 
 # The family modules define their kinds with the names above, so they are imported last.
-from ckpt_chaos.faults import process, cluster, storage, remote  # noqa: E402
+from ckpt_chaos.faults import process, cluster, storage, remote, slurm  # noqa: E402
 
-KINDS: dict[str, FaultKind] = {k.name: k for m in (process, cluster, storage, remote) for k in m.KINDS}
+KINDS: dict[str, FaultKind] = {k.name: k for m in (process, cluster, storage, remote, slurm) for k in m.KINDS}

@@ -32,6 +32,8 @@ class ClusterNemesis(Nemesis):
 
     @staticmethod
     def missing(s: Scenario) -> str | None:
+        if s.cluster.backend not in ("docker", "netns"):
+            return None
         why = cluster_module.missing(s.cluster.backend)
         if why:
             kinds = sorted({f.kind for f in s.faults}) or ["the cluster"]
@@ -75,11 +77,16 @@ class ClusterNemesis(Nemesis):
             c.firewall(n, ruleset)
         record["rules"] = rules
 
+    @property
+    def _own_nodes(self) -> bool:
+        """Containers or namespaces of the harness's own (Slurm's nodes are the slurm family's)."""
+        return self.setting.cluster is not None and self.setting.cluster.backend in ("docker", "netns")
+
     def lift(self) -> dict:
-        return {"healed": self.setting.cluster.heal()} if self.setting.cluster else {}
+        return {"healed": self.setting.cluster.heal()} if self._own_nodes else {}
 
     def heal(self) -> dict:
-        if self.setting.cluster:
+        if self._own_nodes:
             self.setting.cluster.heal()
         return {}
 
@@ -107,8 +114,10 @@ def partition_rules(split: str, side_a: list[int], side_b: list[int], addresses:
 # ---- validation -----------------------------------------------------------------------------------
 
 def _on_nodes(s: Scenario, f: Fault) -> None:
-    if not s.cluster.multi_node:
-        raise Invalid("kind", f"{f.kind} needs several nodes", "add [cluster] backend = \"docker\" (or \"netns\")")
+    if s.cluster.backend not in ("docker", "netns"):
+        raise Invalid("kind", f"{f.kind} needs nodes of their own (containers or namespaces)",
+                      "add [cluster] backend = \"docker\" (or \"netns\")"
+                      + ("; on Slurm, node_down loses a node" if s.cluster.backend == "slurm" else ""))
     if f.when.external:
         raise Invalid("when.point", f"{f.kind} acts at a probe point", "use a probe point")
 

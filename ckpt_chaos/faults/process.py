@@ -117,7 +117,7 @@ class ProcessNemesis(Nemesis):
             return None
         if fault.target.startswith("node:") and self.setting.cluster is not None:
             record["node"] = int(fault.target[5:])
-            self.setting.cluster.kill_nodes([record["node"]])  # docker kill: the host is gone
+            self.setting.cluster.kill_nodes([record["node"]], self.launch.job)  # the host is gone
             wait_gone(list(pids.values()))
             return None
         if fault.target.startswith("node:"):

@@ -175,8 +175,8 @@ def corrupt(root: Path, fault: Fault) -> dict:
 # ---- validation ----------------------------------------------------------------------------------
 
 def _on_local_storage(s: Scenario, f: Fault) -> None:
-    if s.cluster.multi_node:
-        raise Invalid("storage", f"storage faults run on the local backend, not {s.cluster.backend!r}",
+    if not s.cluster.one_host:
+        raise Invalid("storage", f"storage faults run on the local or slurm backend, not {s.cluster.backend!r}",
                       "drop [storage] and storage faults, or use backend = \"local\"", top=True)
     if f.when.external:
         raise Invalid("when.point", f"{f.kind} acts at a probe point", "use a probe point")

@@ -38,13 +38,13 @@ from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessEr
                                      ProbeEvent, RankExited, Reaped, TornDown, final_state, of, read_history,
                                      snapshot_checkpoints, trainer_events)
 from ckpt_chaos.config import golden_dir
-from ckpt_chaos.env.launcher import Job, launch, module_path, native_crash, prewarm
-from ckpt_chaos.env import cluster as cluster_module
+from ckpt_chaos.env.launcher import Job, launch, module_path, native_crash, prewarm, worker_pythonpath
+from ckpt_chaos.env import cluster as cluster_module, slurm as slurm_env
 from ckpt_chaos.env.cluster import Cluster
 from ckpt_chaos.faults import Launch, Nemeses, Setting, requirements
 from ckpt_chaos.faults.process import ProcessNemesis
 from ckpt_chaos.env.objectstore import RemoteTier
-from ckpt_chaos.probe import ENV_ATTEMPT
+from ckpt_chaos.probe import ENV_ATTEMPT, ENV_CONTROLLER
 from ckpt_chaos.scenario import Scenario
 from ckpt_chaos.env.storage import Storage, remove_leftovers
 
@@ -145,6 +145,13 @@ def golden_run(module: str, cfg: dict, world_size: int, root: Path | None = None
 
 # ---- the chaos run --------------------------------------------------------------------------
 
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        return psutil.Process(pid).environ()
+    except psutil.Error:
+        return {}
+
+
 def _alive(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -241,6 +248,8 @@ class ChaosRun:
         return answer
 
     def run(self) -> None:
+        if self.s.cluster.backend == "slurm":
+            return self._run_slurm()
         s = self.s
         deadline = time.monotonic() + s.expect.deadline_s
         base_cfg = {**s.trainer, "run_dir": str(self.run_dir)}
@@ -305,6 +314,77 @@ class ChaosRun:
                     break
                 if rc == 0 and self._finished(n):
                     break
+
+    def _run_slurm(self) -> None:
+        """The job submitted once; each of its runs under Slurm is a launch. Slurm requeues it after
+        a preemption or a lost node; a run that ends without finishing training (a killed rank, a
+        signal) is requeued by the harness with ``scontrol requeue``, as an operator would. Either
+        way the trainer sees ``SLURM_RESTART_COUNT`` go up, and the history says who requeued it."""
+        s, cluster = self.s, self.cluster
+        deadline = time.monotonic() + s.expect.deadline_s
+        launches = 1 if s.recovery.relaunch == "none" else s.recovery.max_restarts + 1
+        cfg = {**s.trainer, "run_dir": str(self.run_dir)}
+        requeued_by = None
+        with ProbeServer(self.on_event, on_error=self._harness_error) as server:
+            env = {"PYTHONPATH": worker_pythonpath(s.trainer_module), **(self.storage.fiu_env() if self.storage.spec.libfiu else {}),
+                   **({ENV_CONTROLLER: server.address} if s.probe else {})}
+            job = cluster.submit_torchrun(self.run_dir, s.nodes(), s.cluster.ranks_per_node, s.trainer_module,
+                                          trainer_args(cfg), env, min_nodes=s.nodes(s.resumed_world_size()))
+            try:
+                for n in range(launches):
+                    attempt = job.attempt(n)
+                    with self.lock:  # events of the new run must find its launch
+                        self.launch_no = n
+                        self.pids.clear()
+                        self.job = attempt
+                        self.roles.clear()
+                        current = Launch(n, attempt, s.world_size, self.pids, self.roles)
+                        self.nemeses.new_launch(current)
+                    while not attempt.running() and attempt.poll() is None and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    info = attempt.state()
+                    if not attempt.launcher_pids():  # Slurm never ran it again: the job is over
+                        self._harness_error(f"Slurm did not run job {job.job_id} again for launch {n}: "
+                                            f"state {info.get('JobState')}, reason {info.get('Reason')}")
+                        break
+                    env0 = _environ(attempt.launcher_pids()[0])
+                    # the nodes Slurm gave this run (fewer after a node was lost) make the world size
+                    world = current.world_size = int(env0.get("SLURM_JOB_NUM_NODES", "1")) * s.cluster.ranks_per_node
+                    self.history.add(LaunchStarted(
+                        launch=n, world_size=world, pid=attempt.launcher_pids()[0], mode=s.recovery.relaunch,
+                        probe=s.probe, backend="slurm", nodes=int(env0.get("SLURM_JOB_NUM_NODES", "0")),
+                        launcher_pids=attempt.launcher_pids(),
+                        slurm={"job_id": job.job_id, "restart_count": int(env0.get("SLURM_RESTART_COUNT", "0")),
+                               "node_list": env0.get("SLURM_JOB_NODELIST"), "requeued_by": requeued_by}))
+                    rc = None
+                    try:
+                        rc = self._watch(attempt, deadline)
+                    finally:
+                        timed_out = rc is None
+                        healed = self.nemeses.heal()
+                    if healed:
+                        self.history.add(Healed(launch=n, detail=healed))
+                    if attempt.leftovers_killed:
+                        self.history.add(Reaped(launch=n, pids=attempt.leftovers_killed,
+                                                why="ranks whose torchrun Slurm had killed (they have sessions of "
+                                                    "their own, which proctrack/pgid misses; proctrack/cgroup "
+                                                    "kills them with it)"))
+                    self.history.add(Exited(launch=n, rc=rc, deadline_hit=timed_out,
+                                            grace_expired=self.process.grace_expired,
+                                            snapshot=snapshot_checkpoints(self.ckpt_root),
+                                            slurm={k: attempt.final.get(k) for k in ("JobState", "Reason", "ExitCode",
+                                                                                     "Restarts")}))
+                    if timed_out:
+                        self.history.add(DeadlineHit(launch=n, deadline_s=s.expect.deadline_s))
+                        break
+                    if rc == 0 and self._finished(n):
+                        break
+                    requeued_by = ("job" if attempt.requeued_itself() else
+                                   "slurm" if int(attempt.final.get("Restarts", "0") or 0) > n else "harness")
+                    if requeued_by == "harness" and n + 1 < launches:
+                        cluster.scontrol("requeue", str(job.job_id))
+            finally:
+                job.kill()
 
     def _watch(self, job: Job, deadline: float) -> int | None:
         """Wait for the launch to end (None at the deadline), noting when each rank's process dies.
@@ -452,7 +532,9 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
     spec = s.storage_spec()
     if spec.fs != "host" or spec.faultfs:
         remove_leftovers()  # of harnesses killed before they could clean up
-    if s.cluster.multi_node:
+    if s.cluster.backend == "slurm":
+        slurm_env.remove_leftovers()
+    elif s.cluster.multi_node:
         cluster_module.remove_leftovers()
     with Storage(run_dir, spec) as storage, _cluster_for(s, run_dir) as cluster, \
             _remote_for(s, run_dir, out_root) as remote:
@@ -485,6 +567,9 @@ def _cluster_for(s: Scenario, run_dir: Path):
 
     if not s.cluster.multi_node:
         return contextlib.nullcontext()
+    if s.cluster.backend == "slurm":
+        return slurm_env.SlurmCluster(run_dir / "slurm", slurm_env.SlurmConfig(nodes=s.nodes()),
+                                      ranks_per_node=s.cluster.ranks_per_node)
     from reference_trainer.config import TrainConfig
 
     timeout = s.trainer.get("collective_timeout_s", TrainConfig().collective_timeout_s)

@@ -1,0 +1,243 @@
+"""Scheduler faults, on the Slurm backend: what Slurm itself does to a job. A higher-priority job
+preempts it (SIGTERM, the partition's GraceTime, SIGKILL, requeue), an operator requeues it or
+signals its tasks (``scancel --signal``), a node is lost and set down (the job is requeued onto
+the nodes that are left).
+
+The relaunches are Slurm's: the harness only waits for the requeued job to run again, and the
+checks read what Slurm did from the history (each launch's ``SLURM_RESTART_COUNT`` and who
+requeued it).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ckpt_chaos.env import slurm as slurm_env
+from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams
+
+if TYPE_CHECKING:
+    from ckpt_chaos.check.checks import Report, Run
+    from ckpt_chaos.check.history import FaultFired
+    from ckpt_chaos.scenario import Fault, Scenario
+
+SIGNALS = ("TERM", "INT", "USR1", "USR2")
+# torchrun's line for each worker it passes a signal on to (torch/distributed/elastic/multiprocessing/api.py)
+PASSED_ON = re.compile(r"Sending process \d+ closing signal SIG\w+")
+
+
+@dataclass
+class PreemptParams:
+    grace_s: int = 10  # the preempted partition's GraceTime: SIGTERM, this long, then SIGKILL and requeue
+    hold_s: float = 1.0  # how long the preempting job holds the nodes before it ends
+
+
+@dataclass
+class SignalParams:
+    signal: str = "TERM"  # scancel --signal to the job's tasks: TERM | INT | USR1 | USR2
+
+
+@dataclass
+class NodeDownParams:
+    back: bool = False  # the node is repaired when the launch ends (slurmd restarted, state=resume)
+
+
+class SlurmNemesis(Nemesis):
+    """Slurm's own preemption, requeue, signals and node failures, on the run's cluster."""
+
+    def __init__(self, setting):
+        super().__init__(setting)
+        self.down: list[str] = []  # nodes set down, to bring back at the end of the launch
+
+    @staticmethod
+    def missing(s: Scenario) -> str | None:
+        if s.cluster.backend != "slurm":
+            return None
+        why = slurm_env.missing()
+        return f"the slurm backend: {why}" if why else None
+
+    def _told(self, act, record: dict, timeout: float = 20.0) -> None:
+        """Do ``act`` (a Slurm command that signals the job), holding the triggering rank until every
+        rank has been signalled: Slurm takes a scheduling pass or an RPC to get there, and the fault
+        must land where its trigger says, not a few steps later. torchrun logs each worker it passes
+        the signal on to."""
+        log = self.launch.job.log_path
+        start = log.stat().st_size if log.exists() else 0
+        t0 = time.monotonic()
+        act()
+        ranks = self.launch.world_size
+        while time.monotonic() - t0 < timeout:
+            with log.open("rb") as f:
+                f.seek(start)
+                told = len(PASSED_ON.findall(f.read().decode(errors="replace")))
+            if told >= ranks:
+                break
+            time.sleep(0.02)
+        record.update(ranks_signalled=told, signalled_after_s=round(time.monotonic() - t0, 3))
+
+    def preempt(self, fault: Fault, event: dict, record: dict) -> None:
+        cluster, job = self.setting.cluster, self.launch.job
+        p = fault.params
+        cluster.scontrol("update", "PartitionName=main", f"GraceTime={p.grace_s}")
+        nodes = job.state().get("NumNodes", "1").split("-")[0]
+        record.update(job_id=job.job.job_id, grace_s=p.grace_s, hold_s=p.hold_s, nodes=int(nodes))
+
+        def submit():
+            record["preemptor"] = cluster.sbatch(f"#!/bin/bash\nsleep {p.hold_s}\n", f"--partition={slurm_env.URGENT}",
+                                                 f"--nodes={nodes}", "--output=/dev/null", "--job-name=preemptor")
+        self._told(submit, record)
+
+    def requeue(self, fault: Fault, event: dict, record: dict) -> None:
+        job = self.launch.job
+        record.update(job_id=job.job.job_id)
+        self._told(lambda: self.setting.cluster.scontrol("requeue", str(job.job.job_id)), record)
+
+    def signal_(self, fault: Fault, event: dict, record: dict) -> None:
+        job = self.launch.job
+        record.update(job_id=job.job.job_id, signal=fault.params.signal)
+        self._told(lambda: self.setting.cluster.scancel(f"--signal={fault.params.signal}", str(job.job.job_id)),
+                   record)
+
+    def node_down(self, fault: Fault, event: dict, record: dict) -> None:
+        cluster, job = self.setting.cluster, self.launch.job
+        index = int(fault.target[5:])
+        name = job.node_name(index)
+        if name is None:
+            raise RuntimeError(f"no task of the job runs on its node {index}")
+        record.update(node=index, name=name, job_id=job.job.job_id, pids=cluster.kill_node(name))
+        cluster.scontrol("update", f"NodeName={name}", "State=DOWN", "Reason=ckpt-chaos-node-down")
+        if fault.params.back:
+            self.down.append(name)
+
+    def heal(self) -> dict:
+        back, self.down = self.down, []
+        for name in back:
+            self.setting.cluster.restart_node(name)
+            self.setting.cluster.scontrol("update", f"NodeName={name}", "State=RESUME")
+        return {"nodes_back": back} if back else {}
+
+
+# ---- validation and checks ------------------------------------------------------------------------
+
+def _on_slurm(s: Scenario, f: Fault) -> None:
+    if s.cluster.backend != "slurm":
+        raise Invalid("kind", f"{f.kind} is Slurm's doing", "add [cluster] backend = \"slurm\"")
+    if f.when.external:
+        raise Invalid("when.point", f"{f.kind} acts at a probe point", "use a probe point")
+
+
+def _check_preempt(s: Scenario, f: Fault) -> None:
+    _on_slurm(s, f)
+    if f.params.grace_s < 0 or f.params.hold_s <= 0:
+        raise Invalid("grace_s" if f.params.grace_s < 0 else "hold_s", "must not be negative, and hold_s above 0",
+                      "use grace_s >= 0 and hold_s > 0")
+
+
+def _check_signal(s: Scenario, f: Fault) -> None:
+    _on_slurm(s, f)
+    if f.params.signal not in SIGNALS:
+        raise Invalid("signal", f"unknown signal {f.params.signal!r}", f"allowed: {', '.join(SIGNALS)}")
+
+
+def _check_node_down(s: Scenario, f: Fault) -> None:
+    _on_slurm(s, f)
+    if not f.target.startswith("node:"):
+        raise Invalid("target", "node_down takes a whole node down", "use target = \"node:N\"")
+    if int(f.target[5:]) >= s.nodes():
+        raise Invalid("target", f"the job has nodes 0..{s.nodes() - 1}", f"use node:0..node:{s.nodes() - 1}")
+    if not f.params.back and s.resumed_world_size() > s.world_size - s.cluster.ranks_per_node:
+        raise Invalid("recovery.world_size", "with the node down for good the requeued job has one node less",
+                      f"set recovery.world_size = {s.world_size - s.cluster.ranks_per_node} (or back = true)",
+                      top=True)
+
+
+WHO = {"slurm": "Slurm requeued", "job": "after its emergency save the job requeued itself"}
+
+
+def _requeued(run: Run, h: FaultFired, report: Report) -> None:
+    """The next launch is the same job requeued through Slurm (not by the harness), with
+    SLURM_RESTART_COUNT counting it."""
+    from ckpt_chaos.check.history import LaunchStarted
+
+    nxt = [x for x in run.records(LaunchStarted) if x.launch == h.launch + 1]
+    info = (nxt[0].slurm or {}) if nxt else {}
+    job = h.detail.get("job_id")
+    ok = bool(nxt) and info.get("requeued_by") in WHO and info.get("job_id") == job \
+        and info.get("restart_count") == h.launch + 1
+    report.add("requeued", ok, fault=h.index, detail=
+               f"{WHO[info['requeued_by']]} job {job}: launch {h.launch + 1} ran with SLURM_RESTART_COUNT="
+               f"{info.get('restart_count')} on {info.get('node_list')}" if ok else
+               "no launch followed the fault" if not nxt else
+               f"launch {h.launch + 1} was not a requeue of job {job} through Slurm: {info}")
+
+
+def _stopped_in_grace(run: Run, h: FaultFired, report: Report) -> None:
+    """The job was told (SIGTERM) and either saved where it stood and exited before the SIGKILL, or,
+    where the scenario expects it (``expect.job_fails``), was killed at the end of the grace period."""
+    ex = run.exit_of(h.launch)
+    stops = [e for e in run.trainer("stopped", h.launch) if e.get("reason") == "preempt"]
+    killed = run.s.expect.job_fails is True
+    if killed:
+        ok = not stops
+        detail = (f"the emergency save did not fit in the {h.detail.get('grace_s')} s grace: Slurm killed the "
+                  f"launch (exit status {ex.rc if ex else None})" if ok else
+                  f"expected the grace period to run out, but the job "
+                  f"{'stopped with an emergency checkpoint' if stops else 'exited with status ' + str(ex and ex.rc)}")
+    else:
+        # torchrun exits non-zero after a SIGTERM however its workers ended: the trainer's own record
+        # of its emergency save, written once the save is complete, is what tells
+        ok = bool(stops)
+        detail = (f"emergency checkpoint at step {stops[0]['step']}+{stops[0]['micro']} micro-batches in "
+                  f"{stops[0]['save_s']:.2f} s, before Slurm's SIGKILL" if ok else
+                  "the job did not stop with an emergency checkpoint after Slurm's SIGTERM")
+    report.add("preemption_handled", ok, detail, fault=h.index)
+
+
+def _preempted(run: Run, h: FaultFired, report: Report) -> None:
+    _stopped_in_grace(run, h, report)
+    _requeued(run, h, report)
+
+
+def _signalled(run: Run, h: FaultFired, report: Report) -> None:
+    if h.detail.get("signal") == "TERM":
+        _stopped_in_grace(run, h, report)
+    else:
+        ex = run.exit_of(h.launch)
+        report.add("job_failed", ex is not None and ex.rc != 0, fault=h.index,
+                   detail=f"launch {h.launch} exited with status {ex.rc if ex else None} after SIG{h.detail['signal']}")
+
+
+def _node_lost(run: Run, h: FaultFired, report: Report) -> None:
+    from ckpt_chaos.check.history import LaunchStarted
+
+    _requeued(run, h, report)
+    nxt = [x for x in run.records(LaunchStarted) if x.launch == h.launch + 1]
+    if nxt and not run.s.faults[h.index].params.back:
+        nodes = (nxt[0].slurm or {}).get("node_list", "")
+        lost = h.detail.get("name")
+        report.add("not_on_lost_node", lost not in slurm_env.expand_nodes(nodes), fault=h.index,
+                   detail=f"launch {h.launch + 1} ran on {nodes}, without {lost} (down)")
+
+
+def _requeue_check(run: Run, h: FaultFired, report: Report) -> None:
+    _requeued(run, h, report)
+
+
+KINDS = (
+    FaultKind("preempt", "scheduler", "a job in a higher-priority partition preempts the job: SIGTERM to its tasks, "
+              "grace_s (the partition's GraceTime), SIGKILL, and Slurm requeues it", PreemptParams, SlurmNemesis,
+              SlurmNemesis.preempt, "#6a51a3", validate=_check_preempt, exit_check=_preempted, ends_launch=True,
+              notice=True, timed=True),
+    FaultKind("requeue", "scheduler", "scontrol requeue: Slurm ends the job's tasks (SIGTERM, KillWait, SIGKILL) and "
+              "runs the job again", NoParams, SlurmNemesis, SlurmNemesis.requeue, "#807dba", validate=_on_slurm,
+              exit_check=_requeue_check, ends_launch=True, timed=True),
+    FaultKind("signal", "scheduler", "scancel --signal to the job's tasks (signal: TERM | INT | USR1 | USR2)",
+              SignalParams, SlurmNemesis, SlurmNemesis.signal_, "#9e9ac8", validate=_check_signal,
+              exit_check=_signalled, ends_launch=True),
+    FaultKind("node_down", "scheduler", "a node is lost (its slurmd, step daemons and tasks SIGKILLed) and set down: "
+              "Slurm requeues the job onto the nodes that are left", NodeDownParams, SlurmNemesis,
+              SlurmNemesis.node_down, "#3f007d", validate=_check_node_down, exit_check=_node_lost, ends_launch=True,
+              crashes=True, kills_target=True),
+)
