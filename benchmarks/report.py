@@ -296,7 +296,28 @@ def slurm_md(d: dict) -> str:
             "cred_expire and sched_interval.\n\n" +
             _md(["settings", "rounds", "start (to every node idle)", "first sbatch to both tasks started",
                  "scontrol requeue to both tasks started again", "a later sbatch to both tasks started",
-                 "stop (close, a job running)"], rows))
+                 "stop (close, a job running)"], rows) + _slurm_trainer_md(d))
+
+
+def _slurm_trainer_md(d: dict) -> str:
+    tr = d.get("trainer")
+    if not tr or not tr["runs"]:
+        return ""
+
+    def cell(key: str) -> str:
+        xs = [r[key] for r in tr["runs"]]
+        spread = f" ({min(xs):.2f}-{max(xs):.2f})" if len(xs) > 1 else ""
+        return f"{tr['median'][key]:.2f} s{spread}"
+
+    c = tr["config"]
+    return (f"\n\nThe reference trainer as a Slurm job (`--trainer-rounds {len(tr['runs'])}`): 2 nodes of one rank, "
+            f"{c['max_steps']} steps, a checkpoint every {c['ckpt_every_steps']}, a fresh cluster each round; the "
+            "local launch is `torchrun --standalone` of the same job on this host in the same round. A step is "
+            "reached when the trainer writes its trajectory record.\n\n" +
+            _md(["sbatch to the end of step 1", "local torchrun to the end of step 1", "× local",
+                 "scontrol requeue (after the step-4 commit) to the end of the requeued run's first step"],
+                [[cell("trainer_submit_to_first_step_s"), cell("local_launch_to_first_step_s"),
+                  f"× {tr['ratio_submit_to_local']:.2f}", cell("trainer_requeue_to_first_new_step_s")]]))
 
 
 def remote_md(d: dict) -> str:

@@ -17,7 +17,7 @@ of the harness. It is active with either
       chaos_scenarios = ["chaos/scenarios"]
       testpaths = ["tests", "chaos/scenarios"]
 
-Each item carries markers for its fault families (``process``, ``storage``, ``node``, ``network``),
+Each item carries markers for its fault families (``process``, ``storage``, ``node``, ``network``, ``scheduler``),
 its fault kinds (``kill``, ``partition``, ...), its backend (``docker``, ``netns``), ``topology`` when
 it resumes at another world size, and its tags (``-`` becomes ``_``): ``-m "kill and mid_write"``.
 An invalid scenario file is a collection error that names the file and key. A scenario whose fault
@@ -76,6 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{kind}: {meaning}")
     config.addinivalue_line("markers", "docker: scenarios whose nodes are Docker containers")
     config.addinivalue_line("markers", "netns: scenarios whose nodes are plain network namespaces")
+    config.addinivalue_line("markers", "slurm: scenarios run as jobs of a throwaway Slurm cluster")
     config.addinivalue_line("markers", "topology: scenarios that resume at another world size")
 
 

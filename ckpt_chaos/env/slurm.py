@@ -450,9 +450,8 @@ class SlurmCluster:
             # submitit and Lightning's SLURM plugin do. Past the grace period Slurm requeues it
             # (PreemptMode=REQUEUE); after an operator's requeue this one is refused.
             'scontrol show job "$SLURM_JOB_ID" | grep -q "PreemptTime=[0-9]" && told=1',
-            'if [ -n "$told" ]; then',
+            'if [ -n "$told" ] && scontrol requeue "$SLURM_JOB_ID" 2>/dev/null; then',
             '  echo "ckpt-chaos: job $SLURM_JOB_ID attempt $CKPT_CHAOS_ATTEMPT requeues itself (exit status $rc)"',
-            '  scontrol requeue "$SLURM_JOB_ID" || true',
             'fi',
             'exit "$rc"', ""])
         size = f"{min_nodes}-{nodes}" if min_nodes and min_nodes < nodes else str(nodes)

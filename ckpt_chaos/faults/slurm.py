@@ -153,7 +153,7 @@ def _check_node_down(s: Scenario, f: Fault) -> None:
                       top=True)
 
 
-WHO = {"slurm": "Slurm requeued", "job": "after its emergency save the job requeued itself"}
+WHO = {"slurm": "Slurm requeued job {job}", "job": "job {job} requeued itself after the preemption"}
 
 
 def _requeued(run: Run, h: FaultFired, report: Report) -> None:
@@ -167,7 +167,7 @@ def _requeued(run: Run, h: FaultFired, report: Report) -> None:
     ok = bool(nxt) and info.get("requeued_by") in WHO and info.get("job_id") == job \
         and info.get("restart_count") == h.launch + 1
     report.add("requeued", ok, fault=h.index, detail=
-               f"{WHO[info['requeued_by']]} job {job}: launch {h.launch + 1} ran with SLURM_RESTART_COUNT="
+               f"{WHO[info['requeued_by']].format(job=job)}: launch {h.launch + 1} ran with SLURM_RESTART_COUNT="
                f"{info.get('restart_count')} on {info.get('node_list')}" if ok else
                "no launch followed the fault" if not nxt else
                f"launch {h.launch + 1} was not a requeue of job {job} through Slurm: {info}")
