@@ -50,11 +50,12 @@ def test_each_parameter_is_commented_where_it_is_defined():
 
 
 def test_the_names_the_cli_and_the_plugin_import_keep_their_shape():
-    assert FAMILIES == families() == ["network", "node", "process", "remote", "storage"]
+    assert FAMILIES == families() == ["network", "node", "process", "remote", "scheduler", "storage"]
     assert list(FAULT_KINDS)[:4] == ["kill", "term", "stop", "raise"]
     assert all(FAULT_KINDS[k] == (KINDS[k].family, KINDS[k].doc) for k in KINDS)
     # one nemesis per family module, composed in the order of the modules
-    assert [c.__module__.rsplit(".", 1)[1] for c in nemesis_classes()] == ["process", "cluster", "storage", "remote"]
+    assert [c.__module__.rsplit(".", 1)[1] for c in nemesis_classes()] == ["process", "cluster", "storage", "remote",
+                                                                           "slurm"]
 
 
 def test_an_unknown_kind_is_refused_with_the_kinds_there_are():
@@ -103,7 +104,7 @@ def test_the_properties_the_checks_and_the_search_go_by():
     assert set(KINDS) - having("ends_launch") == {"disk_full", "errno", "slow", "corrupt", "toxic", "heal"}
     assert having("crashes") >= {"kill", "stop", "power_loss"}
     assert having("fails_saves") == {"errno", "disk_full"} and having("fills_disk") == {"disk_full"}
-    assert having("notice") == {"term"} and having("loses_disk") == {"lose_disk"}
+    assert having("notice") == {"term", "preempt"} and having("loses_disk") == {"lose_disk"}
     assert having("damages") == {"corrupt"} and having("heals") == {"heal"}
     assert having("healable") == {"partition", "toxic"} and having("uploader") == {"kill"}
     # an uploader killed alone does not end the launch

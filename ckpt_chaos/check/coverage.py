@@ -189,11 +189,19 @@ def _surfaced(s: Scenario, f: Fault) -> bool:
 # check of a fault kind (``kind_checks``) -> whether that kind's fault ``f`` gets a verdict from it.
 APPLIES_TO_FAULT: dict[str, Callable[[Scenario, Fault], bool]] = {
     # n/a where a later fault interrupted the emergency save on purpose.
-    "fault_preemption_handled": lambda s, f: not _faults_after(s, f),
+    "fault_preemption_handled": lambda s, f: not _faults_after(s, f) and not (f.kind == "preempt"
+                                                                             and s.expect.job_fails),
+    # a preemption the scenario expects to outlast its grace (expect.job_fails)
+    "fault_grace_ran_out": lambda s, f: bool(s.expect.job_fails),
     # n/a where the relaunch resumed from a newer checkpoint than the one corrupted.
     "fault_detected": lambda s, f: f.params.checkpoint == "newest",
     "fault_injected": _errno_injected,
     "fault_surfaced": _surfaced,
+    # Slurm's faults: the next launch is the requeued job; a node down for good is not in it.
+    "fault_requeued": lambda s, f: _relaunched(s),
+    "fault_not_on_lost_node": lambda s, f: _relaunched(s) and not f.params.back,
+    # scancel --signal of another signal than TERM (the job's notice) must end the launch
+    "fault_job_failed": lambda s, f: f.kind != "signal" or f.params.signal != "TERM",
 }
 
 
@@ -218,13 +226,31 @@ def setups_of(s: Scenario) -> set[str]:
     """What the scenario's run is built on."""
     out = {f"backend {s.cluster.backend}", f"relaunch {s.recovery.relaunch}", f"fs {s.storage.fs}"}
     out |= {f"needs {n}" for f in s.faults for n in f.needs}
+    slurm = s.cluster.backend == "slurm"
     if s.resumed_world_size() != s.world_size:
-        out.add("topology change")
+        out.add("topology change under Slurm (sbatch --nodes=MIN-MAX)" if slurm else "topology change")
+    if slurm:
+        out |= {f"{family} faults under Slurm" for family in s.families if family != "scheduler"}
+        if _relaunched(s):
+            out.add(f"requeued by {_slurm_requeuer(s)}")
     if not s.probe:
         out.add("unprobed trainer")
     if s.remote is not None:
         out.add("remote tier")
     return out
+
+
+def _slurm_requeuer(s: Scenario) -> str:
+    """Who requeues the job after its first fault (``LaunchStarted.slurm.requeued_by``)."""
+    first = s.faults[0] if s.faults else None
+    if first is not None and first.kind == "preempt":
+        return "slurm" if s.expect.job_fails else "job"
+    if first is not None and first.kind in ("requeue", "node_down"):
+        return "slurm"
+    # a storage fault first may only set the stage for a preemption
+    if any(f.kind == "preempt" for f in s.faults):
+        return "slurm" if s.expect.job_fails else "job"
+    return "harness"
 
 
 def items_of(s: Scenario) -> set[Item]:
