@@ -191,9 +191,81 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
 
 
-# ---- the cluster --------------------------------------------------------------------------------
+# ---- the clients, and the cluster ---------------------------------------------------------------
 
-class SlurmCluster:
+class SlurmClient:
+    """Slurm's commands against one cluster: the one ``env``'s ``SLURM_CONF`` names (or the system's
+    default). For a cluster someone else runs, the harness only submits and watches through this;
+    ``SlurmCluster`` is one that also starts and stops the daemons. ``scripts``: where ``sbatch``
+    writes a script given as text (None: a temporary file, removed once submitted; sbatch hands the
+    script to slurmctld, so it need not outlive the call)."""
+
+    def __init__(self, env: dict[str, str] | None = None, scripts: Path | None = None):
+        self.env = env if env is not None else _clean_env()
+        self.scripts = scripts
+
+    def run(self, tool: str, *args: str, check: bool = True, timeout: float = 30,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """One Slurm command against this cluster; with ``check`` a failure raises with its output.
+        ``env`` comes on top of the cluster's (``sbatch`` exports it to the job)."""
+        path = _which(tool)
+        if path is None:
+            raise SlurmError(f"{tool} is not installed; install the Debian packages {PACKAGES} (make setup does)")
+        p = subprocess.run([path, *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
+                           timeout=timeout)
+        if check and p.returncode != 0:
+            raise SlurmError(f"{tool} {' '.join(args)} failed ({p.returncode}): {(p.stderr or p.stdout).strip()}")
+        return p
+
+    def sbatch(self, script: str | Path, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+        """Submit a batch script (its text, or a file) and return the job id; ``env`` goes to the job."""
+        if isinstance(script, str):
+            fd, name = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.scripts)
+            with os.fdopen(fd, "w") as f:
+                f.write(script)
+            path = Path(name)
+        else:
+            path = Path(script)
+        chdir = [f"--chdir={cwd}"] if cwd else []
+        try:
+            out = self.run("sbatch", "--parsable", *chdir, *args, str(path), env=env).stdout.strip()
+        finally:
+            if isinstance(script, str) and self.scripts is None:
+                path.unlink(missing_ok=True)
+        return int(out.split(";")[0])
+
+    def scontrol(self, *args: str) -> str:
+        return self.run("scontrol", *args).stdout
+
+    def scancel(self, *args: str) -> str:
+        return self.run("scancel", *args).stdout
+
+    def squeue(self, *args: str) -> str:
+        return self.run("squeue", *args).stdout
+
+    def node_states(self) -> dict[str, str]:
+        """Node -> its state as sinfo prints it (``idle``, ``alloc``, ``down*``, ...); {} while
+        slurmctld does not answer."""
+        p = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
+        if p.returncode != 0:
+            return {}
+        return dict(line.split(None, 1) for line in p.stdout.splitlines() if line.strip())
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job``'s fields (JobState, Restarts, NodeList, Reason, ...); {} once slurmctld
+        has forgotten the job."""
+        p = self.run("scontrol", "show", "job", "-o", str(job_id), check=False)
+        if p.returncode != 0:
+            return {}
+        return dict(re.findall(r"(\w[\w:/]*)=(\S*)", p.stdout))
+
+    def jobs(self) -> list[int]:
+        """Ids of the jobs slurmctld has not finished with (pending, running, completing)."""
+        p = self.run("squeue", "-h", "-o", "%i", check=False)
+        return [int(x) for x in p.stdout.split() if x.isdigit()] if p.returncode == 0 else []
+
+
+class SlurmCluster(SlurmClient):
     """slurmctld and ``config.nodes`` slurmd on this machine. Use as a context manager: ``close``
     removes every process, port and state file it made, whatever happened."""
 
@@ -209,7 +281,8 @@ class SlurmCluster:
         self.nodes = [f"n{i + 1}" for i in range(self.config.nodes)]
         self.auth = self.config.auth if self.config.auth != "auto" else (auth_method() or "none")
         self.ctld_port, *self.node_ports = _free_ports(1 + self.config.nodes)
-        self.env = {**_clean_env(), "SLURM_CONF": str(self.conf), STATE_ENV: str(self.state)}
+        super().__init__({**_clean_env(), "SLURM_CONF": str(self.conf), STATE_ENV: str(self.state)},
+                         scripts=self.state)
         self._daemons: dict[str, subprocess.Popen] = {}  # name (munged, slurmctld, n1, ...) -> process
 
     @property
@@ -352,64 +425,6 @@ class SlurmCluster:
             if lines:
                 out.append(f"\n--- {path} ---\n" + "\n".join(lines))
         return "".join(out) + f"\n(the logs are in {self.logs})"
-
-    # -- clients
-
-    def run(self, tool: str, *args: str, check: bool = True, timeout: float = 30,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """One Slurm command against this cluster; with ``check`` a failure raises with its output.
-        ``env`` comes on top of the cluster's (``sbatch`` exports it to the job)."""
-        path = _which(tool)
-        if path is None:
-            raise SlurmError(f"{tool} is not installed; install the Debian packages {PACKAGES} (make setup does)")
-        p = subprocess.run([path, *args], env={**self.env, **(env or {})}, capture_output=True, text=True,
-                           timeout=timeout)
-        if check and p.returncode != 0:
-            raise SlurmError(f"{tool} {' '.join(args)} failed ({p.returncode}): {(p.stderr or p.stdout).strip()}")
-        return p
-
-    def sbatch(self, script: str | Path, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
-        """Submit a batch script (its text, or a file) and return the job id; ``env`` goes to the job."""
-        if isinstance(script, str):
-            fd, name = tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.state)
-            with os.fdopen(fd, "w") as f:
-                f.write(script)
-            path = Path(name)
-        else:
-            path = Path(script)
-        chdir = [f"--chdir={cwd}"] if cwd else []
-        out = self.run("sbatch", "--parsable", *chdir, *args, str(path), env=env).stdout.strip()
-        return int(out.split(";")[0])
-
-    def scontrol(self, *args: str) -> str:
-        return self.run("scontrol", *args).stdout
-
-    def scancel(self, *args: str) -> str:
-        return self.run("scancel", *args).stdout
-
-    def squeue(self, *args: str) -> str:
-        return self.run("squeue", *args).stdout
-
-    def node_states(self) -> dict[str, str]:
-        """Node -> its state as sinfo prints it (``idle``, ``alloc``, ``down*``, ...); {} while
-        slurmctld does not answer."""
-        p = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
-        if p.returncode != 0:
-            return {}
-        return dict(line.split(None, 1) for line in p.stdout.splitlines() if line.strip())
-
-    def job(self, job_id: int) -> dict[str, str]:
-        """``scontrol show job``'s fields (JobState, Restarts, NodeList, Reason, ...); {} once slurmctld
-        has forgotten the job."""
-        p = self.run("scontrol", "show", "job", "-o", str(job_id), check=False)
-        if p.returncode != 0:
-            return {}
-        return dict(re.findall(r"(\w[\w:/]*)=(\S*)", p.stdout))
-
-    def jobs(self) -> list[int]:
-        """Ids of the jobs slurmctld has not finished with (pending, running, completing)."""
-        p = self.run("squeue", "-h", "-o", "%i", check=False)
-        return [int(x) for x in p.stdout.split() if x.isdigit()] if p.returncode == 0 else []
 
     def submit_torchrun(self, run_dir: Path, nodes: int, ranks_per_node: int, module: str, trainer_args: list[str],
                         env: dict[str, str], min_nodes: int | None = None, sbatch_args: tuple[str, ...] = ()
