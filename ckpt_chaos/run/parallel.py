@@ -237,9 +237,6 @@ class ParallelRun:
         self.on_start(i, s)
 
     def _collect(self, w: Worker) -> None:
-        from ckpt_chaos.report import results
-        from ckpt_chaos.run.runner import Result
-
         del self.workers[w.index]
         self.scheduler.done(w.index)
         log = w.log_path.read_text(errors="replace") if w.log_path.exists() else ""
@@ -249,13 +246,9 @@ class ParallelRun:
         if w.popen.returncode == 0 and row and "harness_error" not in row:
             w.log_path.unlink(missing_ok=True)
         else:  # a harness error (a serial run would stop with its traceback): a failed row, log kept
-            error = row.get("harness_error") or (log.strip().splitlines() or ["no output"])[-1]
-            run_dir = self.out / s.name
-            row = Result(scenario=s.name, verdict="fail", reason=f"harness error in its worker (exit status "
-                                                                  f"{w.popen.returncode}; {w.log_path}): {error}",
-                         families=s.families, kinds=s.kinds, tags=s.tags, wall_s=time.monotonic() - w.started,
-                         run_dir=str(run_dir) if run_dir.is_dir() else "").to_dict()
-            row.update(trainer_module=s.trainer_module, trainer_revision=results.trainer_revision(s.trainer_module))
+            error = row.get("harness_error") or last_line(log)
+            row = failed_row(s, self.out, f"harness error in its worker (exit status {w.popen.returncode}; "
+                                          f"{w.log_path}): {error}", time.monotonic() - w.started)
             log = ""
         self.rows[w.index] = row
         self.on_done(w.index, s, row, log)
@@ -280,6 +273,23 @@ class ParallelRun:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def last_line(log: str) -> str:
+    return (log.strip().splitlines() or ["no output"])[-1]
+
+
+def failed_row(s, out: Path, reason: str, wall_s: float) -> dict:
+    """The row of scenario ``s`` whose worker gave none, or a harness error: failed, with ``reason``.
+    Shared with the Slurm fan-out (``ckpt_chaos.run.fanout``), whose jobs can also die without a row."""
+    from ckpt_chaos.report import results
+    from ckpt_chaos.run.runner import Result
+
+    run_dir = Path(out) / s.name
+    row = Result(scenario=s.name, verdict="fail", reason=reason, families=s.families, kinds=s.kinds, tags=s.tags,
+                 wall_s=wall_s, run_dir=str(run_dir) if run_dir.is_dir() else "").to_dict()
+    row.update(trainer_module=s.trainer_module, trainer_revision=results.trainer_revision(s.trainer_module))
+    return row
 
 
 def _signal(popen: subprocess.Popen, sig: int) -> None:
@@ -396,7 +406,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--row", required=True)
     p.add_argument("--golden")
-    p.add_argument("--parent", type=int, required=True)
+    # The harness's pid, when it runs on this host (ParallelRun): the worker dies with it. A Slurm job
+    # has none: its harness may be on another host, and Slurm ends the job (scancel, time limit).
+    p.add_argument("--parent", type=int)
     args = p.parse_args(argv)
     interrupted = []
 
@@ -408,7 +420,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        _die_with_parent(args.parent)
+        if args.parent is not None:
+            _die_with_parent(args.parent)
         from ckpt_chaos.report import results
         from ckpt_chaos.run.runner import run_scenario
         from ckpt_chaos.scenario import load
