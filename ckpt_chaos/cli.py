@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import signal
 import sys
 import time
@@ -30,8 +31,9 @@ exit status:
        --browser: the report has a problem
   {EXIT_USAGE}    bad input: a malformed scenario file or [tool.ckpt-chaos] table, an
        unknown scenario name, a wrong option; nothing was run or written
-  {EXIT_CANNOT_RUN}    cannot run here: a needed extra is not installed, or (run --strict) a
-       scenario was skipped for want of root, FUSE, Docker...
+  {EXIT_CANNOT_RUN}    cannot run here: a needed extra is not installed (or Slurm, for run
+       --executor slurm), or (run --strict) a scenario was skipped for want of
+       root, FUSE, Docker...
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C, SIGTERM); every process of the running scenarios was
        killed
 
@@ -44,6 +46,8 @@ environment:
   CKPT_CHAOS_S3_ENDPOINT  S3-compatible server for the remote-tier scenarios,
                           with the usual AWS_* credentials (default: a local
                           moto server per run)
+  SLURM_CONF              run --executor slurm: submit to this existing cluster
+                          (default: a throwaway cluster on this host)
   NO_COLOR                no colours in the human output
 
 project settings, in its pyproject.toml:
@@ -153,6 +157,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                          "`ckpt-chaos list --suite SUITE` shows a suite's scenarios")
     if args.junitxml and Path(args.junitxml).is_dir():
         raise UsageError(f"--junitxml {args.junitxml}: is a folder; give a file name such as chaos-junit.xml")
+    target = _slurm_target(args)
+    if target is not None:
+        from ckpt_chaos.run import fanout
+
+        if why := fanout.missing(target):
+            print(f"ckpt-chaos run: --executor slurm: {why}", file=sys.stderr)
+            return EXIT_CANNOT_RUN
     reports = Path(args.reports) if args.reports else config.out_dir(args.out, _project()) / "reports"
     golden = Path(args.golden_dir) if args.golden_dir else config.golden_dir()
     console = Console(stderr=args.json)
@@ -163,7 +174,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plots != "none" and missing_extra("report") is not None:
         console.print(f"[yellow]no plots in the report: it {missing_extra('report')}[/]")
     jobs = min(args.jobs, len(chosen))
-    if jobs > 1:
+    if target is not None:
+        from ckpt_chaos.run.fanout import nested
+
+        here = sum(1 for s in chosen if nested(s))
+        console.print(f"one Slurm job each on {target.describe()}"
+                      + (f"; {here} scenario(s) on the slurm backend run here afterwards, one at a time"
+                         if here else ""))
+    elif jobs > 1:
         from ckpt_chaos.run.parallel import rank_budget, usable_cores, weight
 
         alone = sum(1 for s in chosen if weight(s).alone)
@@ -189,7 +207,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                       markup=True, highlight=False)
 
     try:
-        if jobs > 1:
+        if target is not None:
+            from ckpt_chaos.run import fanout
+
+            try:
+                _run_parallel(chosen, out, golden, jobs, rows, progress, console, target)
+            except fanout.FanoutError as e:
+                console.print(f"[red]--executor slurm: {escape(str(e))}[/]", highlight=False)
+                return finish(EXIT_CANNOT_RUN)
+        elif jobs > 1:
             _run_parallel(chosen, out, golden, jobs, rows, progress, console)
         else:
             for i, s in enumerate(chosen, 1):
@@ -199,8 +225,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 rows.append(row)
                 progress(i, s, row)
     except KeyboardInterrupt:
-        console.print(f"[red]interrupted: every process of the running scenario{'s' if jobs > 1 else ''} "
-                      "was killed[/]")
+        if target is not None:
+            stopped = "" if target.conf else ", the throwaway cluster is stopped"
+            console.print(f"[red]interrupted: the Slurm jobs were cancelled and have ended{stopped}[/]")
+        else:
+            console.print(f"[red]interrupted: every process of the running scenario{'s' if jobs > 1 else ''} "
+                          "was killed[/]")
         return finish(EXIT_INTERRUPTED)
     failing = [r for r in rows if results.failed(r)]
     skipped = [r for r in rows if r["verdict"] == "skipped"]
@@ -234,9 +264,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def _run_parallel(chosen: list, out: Path, golden: Path, jobs: int, rows: list, progress, console) -> None:
-    """``run -n``: the scenarios in worker processes (``ckpt_chaos.run.parallel``); ``rows`` keeps those
-    finished in catalogue order (as a serial run's), also when interrupted."""
+def _run_parallel(chosen: list, out: Path, golden: Path, jobs: int, rows: list, progress, console,
+                  target=None) -> None:
+    """``run -n``: the scenarios in worker processes (``ckpt_chaos.run.parallel``), or with ``target``
+    (``run --executor slurm``) as Slurm jobs (``ckpt_chaos.run.fanout``); ``rows`` keeps those finished in
+    catalogue order (as a serial run's), also when interrupted."""
+    from ckpt_chaos.run import fanout
     from ckpt_chaos.run.parallel import ParallelRun
 
     running: list[str] = []
@@ -260,7 +293,57 @@ def _run_parallel(chosen: list, out: Path, golden: Path, jobs: int, rows: list, 
         show()
 
     with status:
-        ParallelRun(chosen, out, golden, jobs, on_start=on_start, on_done=on_done).run()
+        if target is not None:
+            fanout.run(chosen, out, golden, target, on_start=on_start, on_done=on_done)
+        else:
+            ParallelRun(chosen, out, golden, jobs, on_start=on_start, on_done=on_done).run()
+
+
+def _slurm_target(args: argparse.Namespace):
+    """``run --executor slurm``'s cluster (``fanout.SlurmTarget``), from the options and SLURM_CONF; None
+    for a local run. Every --slurm-* option without --executor slurm is an error: it would do nothing."""
+    given = [o for o, v in (("--slurm-nodes", args.slurm_nodes), ("--slurm-conf", args.slurm_conf),
+                            ("--slurm-arg", args.slurm_arg)) if v]
+    if args.executor != "slurm":
+        if given:
+            raise UsageError(f"{given[0]} is for --executor slurm; add --executor slurm, or drop {given[0]}")
+        return None
+    from ckpt_chaos.run import fanout
+    from ckpt_chaos.run.fanout import SlurmTarget
+
+    if args.jobs > 1:
+        raise UsageError("-n: with --executor slurm, Slurm decides how many scenarios run at once (as many as "
+                         "its nodes hold); drop -n")
+    for arg in args.slurm_arg or []:
+        if option := fanout.harness_option(arg):
+            raise UsageError(f"--slurm-arg {arg}: the harness sets {option} itself (it finds its jobs, their "
+                             "logs and their rows by it); drop it, and give only resources and placement "
+                             "(partition, account, time, constraint, qos)")
+    conf, conf_from = args.slurm_conf, "--slurm-conf"
+    if conf is None and os.environ.get("SLURM_CONF"):
+        conf, conf_from = os.environ["SLURM_CONF"], "SLURM_CONF"
+    if conf is not None:
+        if args.slurm_nodes is not None:
+            other = "drop --slurm-conf" if conf_from == "--slurm-conf" else "unset SLURM_CONF"
+            raise UsageError(f"--slurm-nodes is for the throwaway cluster, and {conf_from} names an existing one "
+                             f"({conf}); drop --slurm-nodes, or {other} for a throwaway cluster")
+        if not Path(conf).is_file():
+            raise UsageError(f"{conf_from} {conf}: no such file; give the slurm.conf of an existing cluster (the one "
+                             "its clients read, often /etc/slurm/slurm.conf), or leave "
+                             f"{'--slurm-conf out' if conf_from == '--slurm-conf' else 'SLURM_CONF unset'} for a "
+                             "throwaway cluster on this host")
+        return SlurmTarget(conf=Path(conf), sbatch_args=args.slurm_arg or [], conf_from=conf_from)
+    return SlurmTarget(nodes=args.slurm_nodes or 2, sbatch_args=args.slurm_arg or [])
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 1 or more")
+    return n
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -523,6 +606,17 @@ def parser() -> argparse.ArgumentParser:
                    help="run up to N scenarios at once, each in a worker process; 'auto': as the cores and "
                         "memory allow. Their ranks stay within 2 per core, and timing-sensitive or multi-node "
                         "scenarios run alone, so that verdicts are those of a serial run")
+    c.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local (default): on this machine; slurm: one Slurm job per scenario, on a throwaway "
+                        "cluster on this host or, with --slurm-conf or $SLURM_CONF, an existing one (docs/slurm.md)")
+    c.add_argument("--slurm-nodes", type=_positive, metavar="N",
+                   help="nodes of the throwaway cluster (default: 2), all on this host")
+    c.add_argument("--slurm-conf", metavar="PATH",
+                   help="slurm.conf of an existing cluster to submit to (default: $SLURM_CONF); the output and "
+                        "golden folders must be on a file system its nodes share")
+    c.add_argument("--slurm-arg", action="append", metavar="ARG",
+                   help="an sbatch option for every job (repeatable), e.g. --slurm-arg=--partition=chaos "
+                        "--slurm-arg=--time=30")
 
     c = command("check", "re-check a stored scenario run without running it", cmd_check)
     c.add_argument("run_dir", help="a scenario run directory: reports/<suite>/<time>/<scenario>")
