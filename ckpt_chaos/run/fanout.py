@@ -11,7 +11,9 @@ throwaway cluster every node is this host, so that holds by construction.
 
 One job per scenario rather than one job array: an array's tasks share one resource request, and a
 scenario that must run alone asks for more than one that may share. A scenario named twice waits for
-its first job (``--dependency=afterany``): both would write the same run directory.
+its first job (``--dependency=afterany``): both would write the same run directory. The jobs go in
+small first (``submission_order``), so that Slurm's FIFO scheduler does not keep the small ones
+waiting behind one that needs every node.
 
 Which cluster (``SlurmTarget``): by default a throwaway ``SlurmCluster`` on this host, started before the
 first job and stopped after the last; with ``--slurm-conf`` (or ``SLURM_CONF``) an existing cluster, where
@@ -70,7 +72,7 @@ from typing import Callable, Iterator
 
 from ckpt_chaos.env import slurm
 from ckpt_chaos.env.slurm import SlurmClient, SlurmCluster, SlurmConfig, SlurmError
-from ckpt_chaos.run.parallel import (RANKS_PER_CORE, RUN_ENV, STOP_GRACE_S, failed_row, last_line, rank_budget,
+from ckpt_chaos.run.parallel import (RANKS_PER_CORE, STOP_GRACE_S, failed_row, last_line, rank_budget,
                                      remove_leftovers, usable_cores, weight)
 
 POLL_S = 0.5
@@ -150,6 +152,15 @@ def request(s, target: SlurmTarget, cores: int | None = None) -> list[str]:
     return opts + (["--exclusive"] if w.alone else [])
 
 
+def submission_order(s, index: int) -> tuple:
+    """Scenarios that share go first, then bigger ones, then those that run alone, each in catalogue order.
+    The throwaway cluster's scheduler (sched/builtin) is strictly FIFO: a job waiting for every node holds
+    back every job behind it, where ``run -n`` lets later scenarios that fit go first. The rows are put
+    back in catalogue order whatever order the jobs ran in."""
+    w = weight(s)
+    return (w.alone is not None, w.ranks, index)
+
+
 # ---- the jobs ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -191,10 +202,9 @@ class FanOut:
         self.golden = Path(golden).resolve() if golden is not None else None
         self.client, self.target = client, target
         self.on_start, self.on_done = on_start, on_done
-        self.token = uuid.uuid4().hex
         # One name for every job of this run: squeue and scancel select them by it (--name), and a
         # person can cancel them by hand with it if the harness was killed.
-        self.name = f"ckpt-chaos-{self.token[:12]}"
+        self.name = f"ckpt-chaos-{uuid.uuid4().hex[:12]}"
         self.work = self.out / ".workers"
         self.record = self.out / ".slurm" / "jobs.json"
         self.jobs: dict[int, Job] = {}
@@ -231,9 +241,9 @@ class FanOut:
     def _submit(self) -> None:
         from ckpt_chaos.env.launcher import worker_pythonpath
 
-        env = {"PYTHONPATH": worker_pythonpath(), "PYTHONUNBUFFERED": "1", RUN_ENV: self.token}
+        env = {"PYTHONPATH": worker_pythonpath(), "PYTHONUNBUFFERED": "1"}
         last_of: dict[str, int] = {}  # scenario name -> its latest job: one run directory, one job at a time
-        for i in self.indices:
+        for i in sorted(self.indices, key=lambda i: submission_order(self.scenarios[i], i)):
             s = self.scenarios[i]
             source = Path(s.source)
             if not source.is_file():  # built in Python: hand the worker its TOML
@@ -424,6 +434,7 @@ def _on_throwaway(scenarios, out, golden, target, indices, on_start, on_done) ->
     # (a signal first, the cancel after), so the cluster's own may stay short.
     cluster = SlurmCluster(out / ".slurm", SlurmConfig(nodes=target.nodes))
     interrupted = False
+    slurm.remove_leftovers()  # clusters of harnesses SIGKILLed before they could stop theirs (never a live one's)
     try:
         try:
             cluster.start()
