@@ -5,11 +5,12 @@ Real Slurm, no mocks (``make setup`` installs slurm-wlm and munge). The tests th
 skipped, with the reason, only where ``ckpt_chaos.env.slurm.missing()`` says this machine cannot run
 one; the bad-input tests run everywhere.
 
-Cost: the fan-out test runs the default suite's six process-only scenarios once, on Slurm, and compares
-each verdict with the one the scenario declares (``pass``, or ``xfail`` for a known failure), which is
-what a local run is held to in CI (``make chaos``), rather than with a second, local run of the same six:
-that would double the test's minute. ``test_parallel`` already holds local parallel runs to the serial
-verdicts; the fan-out runs the same worker.
+Cost: the fan-out test runs the default suite's process-only scenarios once (seven; the one on the
+slurm backend in the harness, after the jobs) and compares each verdict with the one the scenario
+declares (``pass``, or ``xfail`` for a known failure), which is what a local run is held to in CI
+(``make chaos``), rather than with a second, local run of the same scenarios: that would double the
+test's minute and a half. ``test_parallel`` already holds local parallel runs to the serial verdicts,
+and the fan-out runs the same worker.
 """
 
 from __future__ import annotations
@@ -209,6 +210,9 @@ def test_process_scenarios_fanned_out_have_their_verdicts_in_catalogue_order(tmp
     harness = proc.pid
     stdout, stderr = finish(proc, 900)
     assert proc.returncode == 0, stderr[-4000:]
+    here = [s.name for s in chosen if nested(s)]
+    if here:
+        assert f"{len(here)} scenario(s) on the slurm backend run here afterwards" in stderr
     data = json.loads(stdout)
     # the verdicts each scenario declares, in the order the scenarios were chosen, whatever order they ended in
     assert [(r["scenario"], r["verdict"]) for r in data["results"]] == [(s.name, expected(s)) for s in chosen]
@@ -220,8 +224,12 @@ def test_process_scenarios_fanned_out_have_their_verdicts_in_catalogue_order(tmp
     assert not (suite / ".workers").exists()
 
     jobs = {j["scenario"]: j for j in json.loads((suite / ".slurm" / "jobs.json").read_text())["jobs"]}
-    assert sorted(jobs) == sorted(names) and {j["JobState"] for j in jobs.values()} == {"COMPLETED"}, jobs
-    alone = [s.name for s in chosen if weight(s).alone]
+    assert sorted(jobs) == sorted(set(names) - set(here)), "a slurm-backend scenario must not be nested in a job"
+    assert {j["JobState"] for j in jobs.values()} == {"COMPLETED"}, jobs
+    last_end = max(interval(j)[1] for j in jobs.values()).timestamp()
+    for name in here:  # run by the harness itself, after every job had ended
+        assert (suite / name / "scenario.toml").stat().st_mtime >= last_end, name
+    alone = [s.name for s in chosen if weight(s).alone and s.name in jobs]
     assert alone, "the process scenarios include timing-sensitive ones: they must be kept alone"
     for name in alone:
         assert jobs[name]["NumNodes"] == "2", jobs[name]  # every node of the cluster: nothing beside it
