@@ -320,6 +320,27 @@ def _slurm_trainer_md(d: dict) -> str:
                   f"× {tr['ratio_submit_to_local']:.2f}", cell("trainer_requeue_to_first_new_step_s")]]))
 
 
+def fanout_md(d: dict) -> str:
+    def cell(key: str) -> str:
+        xs = [r[key] for r in d["runs"]]
+        spread = f" ({min(xs):.1f}-{max(xs):.1f})" if len(xs) > 1 else ""
+        return f"{d['median'][key]:.1f} s{spread}"
+
+    loads = [r["load1_before"] for r in d["runs"]]
+    n = d["nodes"]
+    return (f"`python benchmarks/slurm_fanout.py --rounds {d['rounds']}` ({d['when']}, {d['cpus']} CPUs, "
+            f"{d['slurm']}): the default suite's {len(d['scenarios'])} process-only scenarios on the local backend "
+            f"({', '.join(d['scenarios'])}), a fresh `ckpt-chaos run` each time with the golden runs cached: "
+            f"serially, with `-n {n}` (worker processes, the same rank budget), and as one Slurm job each on a "
+            f"throwaway cluster of {n} nodes on this host (`--executor slurm`, its start and stop included); every "
+            "run gave the scenarios' own verdicts. Medians, the range over the rounds in brackets; 1-minute load "
+            f"average before the rounds {min(loads):.2f}-{max(loads):.2f}.\n\n" +
+            _md(["rounds", "local, serial", f"local, -n {n}", f"--executor slurm, {n} nodes", "serial / slurm",
+                 f"-n {n} / slurm"],
+                [[d["rounds"], cell("serial_s"), cell("parallel_s"), cell("slurm_s"), f"× {d['speedup']:.2f}",
+                  f"× {d['median']['parallel_s'] / d['median']['slurm_s']:.2f}"]]))
+
+
 def remote_md(d: dict) -> str:
     u, on, off, r = d["upload_mb_s"], d["training"]["on"], d["training"]["off"], d["training"]["on_over_off"]
     mb = d["checkpoint_bytes"] / 1e6
@@ -497,6 +518,7 @@ TABLES = {
     "soak_goodput": ("Goodput under real failures against the model", soak_md),
     "backend_startup": ("What a multi-node backend adds per launch", backend_md),
     "slurm_cluster": ("A private Slurm cluster: start, job start, requeue, stop", slurm_md),
+    "slurm_fanout": ("The process scenarios fanned out over a Slurm cluster, against a serial run", fanout_md),
     "remote_upload": ("The remote tier: upload throughput and training stall", remote_md),
     "storage_stall": ("Checkpoint stall on healthy, fault-layered and slow storage", storage_md),
     "explore_order": ("When the search first composes a narrow window", order_md),
