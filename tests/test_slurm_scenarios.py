@@ -124,6 +124,8 @@ BASE = {"world_size": 2, "cluster": {"backend": "slurm"}, "trainer": {"max_steps
     ({"faults": [{"kind": "pause", "target": "node:1", "when": {"point": "step.end", "step": 2}}]},
      "faults[0].kind", "on Slurm, node_down loses a node"),
     ({"recovery": {"relaunch": "torchrun"}}, "recovery.relaunch", 'use relaunch = "harness"'),
+    ({"faults": [{"kind": "time_limit", "minutes": 1, "warn_s": 90, "when": {"point": "step.end", "step": 2}}]},
+     "faults[0].warn_s", "use minutes >= 1 and 0 < warn_s < 60 * minutes"),
 ])
 def test_an_impossible_slurm_scenario_is_refused_naming_the_key_and_the_fix(change, key, fix):
     with pytest.raises(ScenarioError) as e:
@@ -138,7 +140,7 @@ def test_the_slurm_scenarios_are_in_the_default_suite_and_name_slurm_faults():
     assert len(names) >= 6
     assert all("default" in s.suites and s.cluster.backend == "slurm" for s in names.values())
     kinds = {f.kind for s in names.values() for f in s.faults}
-    assert {"preempt", "requeue", "signal", "node_down"} <= kinds, kinds
+    assert {"preempt", "requeue", "signal", "node_down", "time_limit"} <= kinds, kinds
 
 
 def test_without_slurm_a_slurm_scenario_is_skipped_with_the_reason(tmp_path, monkeypatch):

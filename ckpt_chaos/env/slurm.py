@@ -272,7 +272,7 @@ class SlurmCluster(SlurmClient):
     backend = "slurm"
 
     def __init__(self, root: Path, config: SlurmConfig | None = None, ranks_per_node: int = 1):
-        self.root = Path(root)
+        self.root = Path(root).resolve()  # slurmctld runs in its state directory: a relative conf is lost
         self.ranks_per_node = ranks_per_node  # of the jobs the harness runs here: rank -> node
         self.config = config or SlurmConfig()
         self.conf = self.root / "slurm.conf"

@@ -40,6 +40,12 @@ class SignalParams:
 
 
 @dataclass
+class TimeLimitParams:
+    minutes: int = 1  # the job's new TimeLimit, in whole minutes from its start (Slurm keeps no finer one)
+    warn_s: int = 55  # sbatch --signal=TERM@warn_s: the warning this long before the limit
+
+
+@dataclass
 class NodeDownParams:
     back: bool = False  # the node is repaired when the launch ends (slurmd restarted, state=resume)
 
@@ -50,6 +56,14 @@ class SlurmNemesis(Nemesis):
     def __init__(self, setting):
         super().__init__(setting)
         self.down: list[str] = []  # nodes set down, to bring back at the end of the launch
+        self.limited: list[int] = []  # jobs whose time limit was cut, to lift at the end of the launch
+
+    @staticmethod
+    def sbatch_args(s: Scenario) -> list[str]:
+        """What the job must be submitted with for the scenario's faults: a time limit's warning
+        signal is set at submission (sbatch --signal), to the job's steps, where torchrun is."""
+        warn = [f.params.warn_s for f in s.faults if f.kind == "time_limit"]
+        return [f"--signal=TERM@{max(warn)}"] if warn else []
 
     @staticmethod
     def missing(s: Scenario) -> str | None:
@@ -100,6 +114,16 @@ class SlurmNemesis(Nemesis):
         self._told(lambda: self.setting.cluster.scancel(f"--signal={fault.params.signal}", str(job.job.job_id)),
                    record)
 
+    def time_limit(self, fault: Fault, event: dict, record: dict) -> None:
+        """The job's time limit cut to ``minutes``: Slurm sends the warning signal ``warn_s`` before it
+        (from its periodic time-limit pass, every 30 s in 22.05) and ends the job at the limit."""
+        job = self.launch.job
+        info = job.state()
+        record.update(job_id=job.job.job_id, run_time=info.get("RunTime"), minutes=fault.params.minutes,
+                      warn_s=fault.params.warn_s)
+        self.setting.cluster.scontrol("update", f"JobId={job.job.job_id}", f"TimeLimit={fault.params.minutes}")
+        self.limited.append(job.job.job_id)
+
     def node_down(self, fault: Fault, event: dict, record: dict) -> None:
         cluster, job = self.setting.cluster, self.launch.job
         index = int(fault.target[5:])
@@ -117,6 +141,14 @@ class SlurmNemesis(Nemesis):
             self.setting.cluster.restart_node(name)
             self.setting.cluster.scontrol("update", f"NodeName={name}", "State=RESUME")
         return {"nodes_back": back} if back else {}
+
+    def new_launch(self, launch) -> None:
+        super().new_launch(launch)
+        # The operator requeues a job that ran out of time with room to finish, or it would be warned
+        # and stopped again; the job is pending by now (Slurm refuses to change a finished one).
+        lifted, self.limited = self.limited, []
+        for job_id in lifted:
+            self.setting.cluster.scontrol("update", f"JobId={job_id}", "TimeLimit=UNLIMITED")
 
 
 # ---- validation and checks ------------------------------------------------------------------------
@@ -139,6 +171,14 @@ def _check_signal(s: Scenario, f: Fault) -> None:
     _on_slurm(s, f)
     if f.params.signal not in SIGNALS:
         raise Invalid("signal", f"unknown signal {f.params.signal!r}", f"allowed: {', '.join(SIGNALS)}")
+
+
+def _check_time_limit(s: Scenario, f: Fault) -> None:
+    _on_slurm(s, f)
+    p = f.params
+    if p.minutes < 1 or not 0 < p.warn_s < 60 * p.minutes:
+        raise Invalid("warn_s" if p.minutes >= 1 else "minutes", f"minutes = {p.minutes}, warn_s = {p.warn_s}",
+                      "use minutes >= 1 and 0 < warn_s < 60 * minutes")
 
 
 def _check_node_down(s: Scenario, f: Fault) -> None:
@@ -234,6 +274,10 @@ KINDS = (
     FaultKind("signal", "scheduler", "scancel --signal to the job's tasks (signal: TERM | INT | USR1 | USR2)",
               SignalParams, SlurmNemesis, SlurmNemesis.signal_, "#9e9ac8", validate=_check_signal,
               exit_check=_signalled, ends_launch=True),
+    FaultKind("time_limit", "scheduler", "the job's time limit is cut to minutes: Slurm warns it warn_s before "
+              "(sbatch --signal=TERM@warn_s, to its tasks) and ends it at the limit", TimeLimitParams, SlurmNemesis,
+              SlurmNemesis.time_limit, "#bcbddc", validate=_check_time_limit, exit_check=_stopped_in_grace,
+              ends_launch=True, notice=True, timed=True),
     FaultKind("node_down", "scheduler", "a node is lost (its slurmd, step daemons and tasks SIGKILLed) and set down: "
               "Slurm requeues the job onto the nodes that are left", NodeDownParams, SlurmNemesis,
               SlurmNemesis.node_down, "#3f007d", validate=_check_node_down, exit_check=_node_lost, ends_launch=True,

@@ -47,8 +47,8 @@ and the harness waits until Slurm has ended every job. The throwaway cluster is 
 SIGKILLs any process still carrying its state directory) and the leftovers of killed workers (mounts,
 nodes) are removed; a second Ctrl-C only cuts the grace short.
 
-Scenarios on the ``slurm`` backend (``[cluster] backend = "slurm"``) start a Slurm cluster of their own,
-or submit to the one ``SLURM_CONF`` names. They are not nested inside a fan-out job: a second set of
+Scenarios on the ``slurm`` backend (``[cluster] backend = "slurm"``) start a Slurm cluster of their own
+(their faults need its daemons: a node set down has its slurmd killed). They are not nested inside a fan-out job: a second set of
 daemons inside a job of the throwaway cluster would be a cluster inside a cluster on the same machine,
 killed by the outer one's process tracking and competing with its jobs for the cores. They run here, in
 the harness, one at a time, after the fan-out's jobs have ended and the throwaway cluster has stopped:

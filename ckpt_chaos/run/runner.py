@@ -43,6 +43,7 @@ from ckpt_chaos.env import cluster as cluster_module, slurm as slurm_env
 from ckpt_chaos.env.cluster import Cluster
 from ckpt_chaos.faults import Launch, Nemeses, Setting, requirements
 from ckpt_chaos.faults.process import ProcessNemesis
+from ckpt_chaos.faults.slurm import SlurmNemesis
 from ckpt_chaos.env.objectstore import RemoteTier
 from ckpt_chaos.probe import ENV_ATTEMPT, ENV_CONTROLLER
 from ckpt_chaos.scenario import Scenario
@@ -329,7 +330,8 @@ class ChaosRun:
             env = {"PYTHONPATH": worker_pythonpath(s.trainer_module), **(self.storage.fiu_env() if self.storage.spec.libfiu else {}),
                    **({ENV_CONTROLLER: server.address} if s.probe else {})}
             job = cluster.submit_torchrun(self.run_dir, s.nodes(), s.cluster.ranks_per_node, s.trainer_module,
-                                          trainer_args(cfg), env, min_nodes=s.nodes(s.resumed_world_size()))
+                                          trainer_args(cfg), env, min_nodes=s.nodes(s.resumed_world_size()),
+                                          sbatch_args=tuple(SlurmNemesis.sbatch_args(s)))
             try:
                 for n in range(launches):
                     attempt = job.attempt(n)
