@@ -75,7 +75,7 @@ bench: setup
 	$(PY) benchmarks/storage_stall.py --rounds 5
 	$(PY) benchmarks/backend_startup.py --rounds 5
 	$(PY) benchmarks/remote_upload.py --rounds 5
-	$(PY) benchmarks/slurm_cluster.py --rounds 5 --default-rounds 1
+	$(PY) benchmarks/slurm_cluster.py --rounds 5 --default-rounds 1 --trainer-rounds 3
 	$(PY) benchmarks/slurm_fanout.py --rounds 3
 	$(PY) benchmarks/checkpoint_overhead.py --rounds 3
 	$(PY) benchmarks/soak_goodput.py --rounds 3

@@ -312,7 +312,8 @@ def _slurm_trainer_md(d: dict) -> str:
     c = tr["config"]
     return (f"\n\nThe reference trainer as a Slurm job (`--trainer-rounds {len(tr['runs'])}`): 2 nodes of one rank, "
             f"{c['max_steps']} steps, a checkpoint every {c['ckpt_every_steps']}, a fresh cluster each round; the "
-            "local launch is `torchrun --standalone` of the same job on this host in the same round. A step is "
+            "local launch is `torchrun --standalone` of the same job on this host in the same round (torch "
+            "imported afresh, as on each Slurm node; the harness's warm agent is faster still). A step is "
             "reached when the trainer writes its trajectory record.\n\n" +
             _md(["sbatch to the end of step 1", "local torchrun to the end of step 1", "× local",
                  "scontrol requeue (after the step-4 commit) to the end of the requeued run's first step"],

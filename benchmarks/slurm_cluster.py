@@ -17,7 +17,8 @@ per node, against a local ``torchrun --standalone`` launch of the same job in th
 
 * ``trainer_submit_to_first_step_s``: from ``sbatch`` to the end of the job's first optimizer step
   (its first trajectory record's time); ``local_launch_to_first_step_s``: the same from starting
-  torchrun here, and their ratio;
+  ``torchrun --standalone`` here (not the harness's warm agent: torch is imported afresh, as on each
+  Slurm node), and their ratio;
 * ``trainer_requeue_to_first_new_step_s``: from ``scontrol requeue`` once the step-4 checkpoint is
   committed, to the end of the first step of the requeued run (SIGTERM and the emergency save,
   KillWait, the credential wait, scheduling, torch's import, the resume's load, one step).
@@ -51,7 +52,7 @@ srun bash -c 'f="SEEN/run${SLURM_RESTART_COUNT:-0}-task$SLURM_NODEID"; date +%s.
 KEYS = ("start_s", "first_submit_to_start_s", "requeue_to_restart_s", "submit_to_start_s", "stop_s")
 TRAINER_KEYS = ("trainer_submit_to_first_step_s", "local_launch_to_first_step_s", "trainer_requeue_to_first_new_step_s")
 # the reference trainer's job: slow enough (step_delay_s) that the requeue lands mid-run
-TRAINER = {"max_steps": 40, "ckpt_every_steps": 4, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
+TRAINER = {"max_steps": 60, "ckpt_every_steps": 4, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
            "collective_timeout_s": 15, "step_delay_s": 0.3}
 
 
@@ -83,13 +84,13 @@ def trainer_round(work: Path) -> dict:
         t = time.time()
         job = c.submit_torchrun(run, 2, 1, "reference_trainer", args(run), {"PYTHONPATH": worker_pythonpath()})
         first = _first(run / "trajectory.jsonl", lambda r: True, 120)["t"] - t
-        _first(run / "events.jsonl", lambda r: r.get("event") == "committed" and r.get("step", 0) >= 4, 120)
+        _first(run / "events.jsonl", lambda r: r.get("event") == "committed" and r.get("name") == "step_00000004", 120)
         t = time.time()
         c.scontrol("requeue", str(job.job_id))
         again = _first(run / "trajectory.jsonl", lambda r: r.get("attempt") == 1, 120)["t"] - t
         job.kill()
     t = time.time()
-    j = launch(local, 2, args(local))
+    j = launch(local, 2, args(local), launcher="torchrun")  # what the job runs on each node, without Slurm
     try:
         local_first = _first(local / "trajectory.jsonl", lambda r: True, 120)["t"] - t
     finally:
