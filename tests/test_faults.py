@@ -104,7 +104,7 @@ def test_the_properties_the_checks_and_the_search_go_by():
     assert set(KINDS) - having("ends_launch") == {"disk_full", "errno", "slow", "corrupt", "toxic", "heal"}
     assert having("crashes") >= {"kill", "stop", "power_loss"}
     assert having("fails_saves") == {"errno", "disk_full"} and having("fills_disk") == {"disk_full"}
-    assert having("notice") == {"term", "preempt"} and having("loses_disk") == {"lose_disk"}
+    assert having("notice") == {"term", "preempt", "time_limit"} and having("loses_disk") == {"lose_disk"}
     assert having("damages") == {"corrupt"} and having("heals") == {"heal"}
     assert having("healable") == {"partition", "toxic"} and having("uploader") == {"kill"}
     # an uploader killed alone does not end the launch
