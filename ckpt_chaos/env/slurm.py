@@ -493,13 +493,7 @@ class SlurmCluster(SlurmClient):
 
     def kill_node(self, node: str) -> list[int]:
         """A node's hardware lost: SIGKILL its slurmd, step daemons and tasks; the pids killed."""
-        procs = self.node_processes(node)
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=5)
+        procs = _sigkill(self.node_processes(node))
         daemon = self._daemons.get(node)
         if daemon is not None:
             daemon.wait(5)
@@ -508,13 +502,7 @@ class SlurmCluster(SlurmClient):
     def kill_nodes(self, nodes: list[int], job: "SlurmAttempt") -> None:
         """The job's nodes ``nodes`` (SLURM_NODEID) lose its processes, torchrun and ranks, at once;
         their slurmd lives on and reports the step's end (``kill_node`` loses the whole node)."""
-        procs = [p for p in job.workers() if _node_id(p) in nodes]
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=5)
+        _sigkill([p for p in job.workers() if _node_id(p) in nodes])
 
     def restart_node(self, node: str) -> None:
         """Start a lost node's slurmd again (a repaired node); Slurm takes it back as ReturnToService says."""
@@ -764,6 +752,17 @@ class SlurmAttempt:
 
     def kill(self) -> None:
         """Nothing: the job lives on into its next run; ``SlurmJob.kill`` ends it."""
+
+
+def _sigkill(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """SIGKILL ``procs`` at once and wait (5 s at most) until they are gone; returns them."""
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=5)
+    return procs
 
 
 def _node_id(p: psutil.Process) -> int | None:

@@ -72,7 +72,7 @@ from typing import Callable, Iterator
 
 from ckpt_chaos.env import slurm
 from ckpt_chaos.env.slurm import SlurmClient, SlurmCluster, SlurmConfig, SlurmError
-from ckpt_chaos.run.parallel import (RANKS_PER_CORE, STOP_GRACE_S, failed_row, last_line, rank_budget,
+from ckpt_chaos.run.parallel import (RANKS_PER_CORE, STOP_GRACE_S, failed_row, last_line, rank_budget, tidy_work_dir,
                                      remove_leftovers, usable_cores, weight)
 
 POLL_S = 0.5
@@ -227,13 +227,7 @@ class FanOut:
             raise
         finally:
             self._write_record()
-            for f in self.work.glob("*.toml"):
-                f.unlink()
-            for f in self.work.glob("*.log"):  # an interrupted job's; one with something to say stays
-                if f.stat().st_size == 0:
-                    f.unlink()
-            if self.work.is_dir() and not any(self.work.iterdir()):
-                self.work.rmdir()
+            tidy_work_dir(self.work)
         return self.rows
 
     # -- submit

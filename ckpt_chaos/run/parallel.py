@@ -205,13 +205,7 @@ class ParallelRun:
                     self._collect(w)
             raise
         finally:
-            for f in self.work.glob("*.toml"):
-                f.unlink()
-            for f in self.work.glob("*.log"):  # an interrupted worker's; one with something to say stays
-                if f.stat().st_size == 0:
-                    f.unlink()
-            if self.work.is_dir() and not any(self.work.iterdir()):
-                self.work.rmdir()
+            tidy_work_dir(self.work)
         return self.rows
 
     def _start(self, i: int) -> None:
@@ -290,6 +284,18 @@ def failed_row(s, out: Path, reason: str, wall_s: float) -> dict:
                  wall_s=wall_s, run_dir=str(run_dir) if run_dir.is_dir() else "").to_dict()
     row.update(trainer_module=s.trainer_module, trainer_revision=results.trainer_revision(s.trainer_module))
     return row
+
+
+def tidy_work_dir(work: Path) -> None:
+    """Remove a run's worker files (scenario copies, empty logs) and the folder if nothing is left:
+    the log of an interrupted worker with something to say stays."""
+    for f in work.glob("*.toml"):
+        f.unlink()
+    for f in work.glob("*.log"):
+        if f.stat().st_size == 0:
+            f.unlink()
+    if work.is_dir() and not any(work.iterdir()):
+        work.rmdir()
 
 
 def _signal(popen: subprocess.Popen, sig: int) -> None:
