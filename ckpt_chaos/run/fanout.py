@@ -72,8 +72,8 @@ from typing import Callable, Iterator
 
 from ckpt_chaos.env import slurm
 from ckpt_chaos.env.slurm import SlurmClient, SlurmCluster, SlurmConfig, SlurmError
-from ckpt_chaos.run.parallel import (RANKS_PER_CORE, STOP_GRACE_S, failed_row, last_line, rank_budget, tidy_work_dir,
-                                     remove_leftovers, usable_cores, weight)
+from ckpt_chaos.run.parallel import (RANKS_PER_CORE, STOP_GRACE_S, failed_row, last_line, rank_budget,
+                                     remove_leftovers, tidy_work_dir, usable_cores, weight, worker_command)
 
 POLL_S = 0.5
 # After a job has ended, how long its row may take to show on a shared file system (an NFS client
@@ -239,15 +239,7 @@ class FanOut:
         last_of: dict[str, int] = {}  # scenario name -> its latest job: one run directory, one job at a time
         for i in sorted(self.indices, key=lambda i: submission_order(self.scenarios[i], i)):
             s = self.scenarios[i]
-            source = Path(s.source)
-            if not source.is_file():  # built in Python: hand the worker its TOML
-                source = self.work / f"{i}-{s.name}.toml"
-                source.write_text(s.to_toml())
-            row_path, log_path = self.work / f"{i}-{s.name}.row.json", self.work / f"{i}-{s.name}.log"
-            cmd = [sys.executable, "-m", "ckpt_chaos.run.parallel", "--scenario", str(source.resolve()),
-                   "--out", str(self.out), "--row", str(row_path)]
-            if self.golden is not None:
-                cmd += ["--golden", str(self.golden)]
+            cmd, row_path, log_path = worker_command(s, i, self.work, self.out, self.golden)
             opts = request(s, self.target)
             after = [f"--dependency=afterany:{last_of[s.name]}"] if s.name in last_of else []
             try:

@@ -212,15 +212,7 @@ class ParallelRun:
         from ckpt_chaos.env.launcher import worker_pythonpath
 
         s = self.scenarios[i]
-        source = Path(s.source)
-        if not source.is_file():  # built in Python: hand the worker its TOML
-            source = self.work / f"{i}-{s.name}.toml"
-            source.write_text(s.to_toml())
-        row_path, log_path = self.work / f"{i}-{s.name}.row.json", self.work / f"{i}-{s.name}.log"
-        cmd = [sys.executable, "-m", "ckpt_chaos.run.parallel", "--scenario", str(source), "--out", str(self.out),
-               "--row", str(row_path), "--parent", str(os.getpid())]
-        if self.golden is not None:
-            cmd += ["--golden", str(self.golden)]
+        cmd, row_path, log_path = worker_command(s, i, self.work, self.out, self.golden, parent=os.getpid())
         with open(log_path, "wb") as log:
             # A session of its own: a Ctrl-C at the terminal reaches the parent only, which stops each
             # worker once, instead of interrupting its clean-up half-way.
@@ -284,6 +276,24 @@ def failed_row(s, out: Path, reason: str, wall_s: float) -> dict:
                  wall_s=wall_s, run_dir=str(run_dir) if run_dir.is_dir() else "").to_dict()
     row.update(trainer_module=s.trainer_module, trainer_revision=results.trainer_revision(s.trainer_module))
     return row
+
+
+def worker_command(s, i: int, work: Path, out: Path, golden: Path | None,
+                   parent: int | None = None) -> tuple[list[str], Path, Path]:
+    """The command of the worker that runs scenario ``s`` (index ``i`` of the run), and the files of
+    its row and its log in ``work``. A scenario built in Python is handed over as its TOML."""
+    source = Path(s.source)
+    if not source.is_file():
+        source = work / f"{i}-{s.name}.toml"
+        source.write_text(s.to_toml())
+    row_path, log_path = work / f"{i}-{s.name}.row.json", work / f"{i}-{s.name}.log"
+    cmd = [sys.executable, "-m", "ckpt_chaos.run.parallel", "--scenario", str(source.resolve()), "--out", str(out),
+           "--row", str(row_path)]
+    if parent is not None:
+        cmd += ["--parent", str(parent)]
+    if golden is not None:
+        cmd += ["--golden", str(golden)]
+    return cmd, row_path, log_path
 
 
 def tidy_work_dir(work: Path) -> None:

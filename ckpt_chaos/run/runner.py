@@ -298,23 +298,28 @@ class ChaosRun:
                     rc = self._watch(job, deadline)
                 finally:
                     stop_watching.set()
-                    timed_out = rc is None
                     job.kill()
                     healed = self.nemeses.heal()
-                if healed:
-                    self.history.add(Healed(launch=n, detail=healed))
                 torn_down = getattr(job, "torn_down", [])
-                if torn_down:  # nodes still running teardown_s after another failed: the orchestrator killed them
-                    self.history.add(TornDown(launch=n, nodes=torn_down, after_s=round(job.torn_down_after_s, 2)))
-                self.history.add(Exited(launch=n, rc=rc, deadline_hit=timed_out, grace_expired=self.process.grace_expired,
-                                        snapshot=snapshot_checkpoints(self.ckpt_root),
-                                        remote=self.remote.snapshot() if self.remote else None,
-                                        complete=command.complete(s, self.run_dir) if s.command else None))
-                if timed_out:
-                    self.history.add(DeadlineHit(launch=n, deadline_s=s.expect.deadline_s))
+                # nodes still running teardown_s after another failed: the orchestrator killed them
+                also = [TornDown(launch=n, nodes=torn_down, after_s=round(job.torn_down_after_s, 2))] if torn_down else []
+                if self._launch_ended(n, rc, healed, also, remote=self.remote.snapshot() if self.remote else None,
+                                      complete=command.complete(s, self.run_dir) if s.command else None):
                     break
-                if rc == 0 and self._finished(n):
-                    break
+
+    def _launch_ended(self, n: int, rc: int | None, healed: dict, also: list, **exit_fields) -> bool:
+        """Record launch ``n``'s end (what was healed, ``also``, its exit and what a resume would
+        find); whether the run is over: the deadline hit (``rc`` None) or training done."""
+        if healed:
+            self.history.add(Healed(launch=n, detail=healed))
+        for record in also:
+            self.history.add(record)
+        self.history.add(Exited(launch=n, rc=rc, deadline_hit=rc is None, grace_expired=self.process.grace_expired,
+                                snapshot=snapshot_checkpoints(self.ckpt_root), **exit_fields))
+        if rc is None:
+            self.history.add(DeadlineHit(launch=n, deadline_s=self.s.expect.deadline_s))
+            return True
+        return rc == 0 and self._finished(n)
 
     def _run_slurm(self) -> None:
         """The job submitted once; each of its runs under Slurm is a launch. Slurm requeues it after
@@ -362,24 +367,13 @@ class ChaosRun:
                     try:
                         rc = self._watch(attempt, deadline)
                     finally:
-                        timed_out = rc is None
                         healed = self.nemeses.heal()
-                    if healed:
-                        self.history.add(Healed(launch=n, detail=healed))
-                    if attempt.leftovers_killed:
-                        self.history.add(Reaped(launch=n, pids=attempt.leftovers_killed,
-                                                why="ranks whose torchrun Slurm had killed (they have sessions of "
-                                                    "their own, which proctrack/pgid misses; proctrack/cgroup "
-                                                    "kills them with it)"))
-                    self.history.add(Exited(launch=n, rc=rc, deadline_hit=timed_out,
-                                            grace_expired=self.process.grace_expired,
-                                            snapshot=snapshot_checkpoints(self.ckpt_root),
-                                            slurm={k: attempt.final.get(k) for k in ("JobState", "Reason", "ExitCode",
-                                                                                     "Restarts")}))
-                    if timed_out:
-                        self.history.add(DeadlineHit(launch=n, deadline_s=s.expect.deadline_s))
-                        break
-                    if rc == 0 and self._finished(n):
+                    also = [Reaped(launch=n, pids=attempt.leftovers_killed,
+                                   why="ranks whose torchrun Slurm had killed (they have sessions of their own, "
+                                       "which proctrack/pgid misses; proctrack/cgroup kills them with it)")
+                            ] if attempt.leftovers_killed else []
+                    if self._launch_ended(n, rc, healed, also, slurm={k: attempt.final.get(k) for k in
+                                                                      ("JobState", "Reason", "ExitCode", "Restarts")}):
                         break
                     requeued_by = ("job" if attempt.requeued_itself() else
                                    "slurm" if int(attempt.final.get("Restarts", "0") or 0) > n else "harness")
