@@ -98,21 +98,23 @@ def test_loader_state_of_dropped_ranks_discarded_is_caught_and_named(tmp_path, g
     assert "the data loader resumed 2 step(s) too early and 2 step(s) of samples are seen twice" in bad["trajectory"]
 
 
-@pytest.mark.parametrize("crashes,attempt", [(1, 0), (2, 0), (1, 1)])
-def test_a_native_crash_before_any_fault_or_a_segfault_is_run_again_once_and_said(tmp_path, golden_root,
-                                                                                  monkeypatch, crashes, attempt):
-    # Rank 0 SIGSEGVs at its first save: before the scenario's kill (at the second save) can fire, or
-    # (attempt 1) in the relaunch, after it fired.
+@pytest.mark.parametrize("crashes,attempt,sig", [(1, 0, "SIGSEGV"), (2, 0, "SIGSEGV"), (1, 1, "SIGSEGV"),
+                                                 (1, 1, "SIGABRT")])
+def test_a_native_crash_where_no_fault_fired_or_a_segfault_is_run_again_once_and_said(
+        tmp_path, golden_root, monkeypatch, crashes, attempt, sig):
+    # Rank 0 crashes at its first save: before the scenario's kill (at the second save) can fire, or
+    # (attempt 1) in the relaunch, a launch in which no fault fired (as gloo's SIGABRT at exit did in CI).
     monkeypatch.setenv("CKPT_CHAOS_TEST_CRASH_COUNTER", str(tmp_path / "crashes"))
     monkeypatch.setenv("CKPT_CHAOS_TEST_CRASHES", str(crashes))
     monkeypatch.setenv("CKPT_CHAOS_TEST_CRASH_ATTEMPT", str(attempt))
+    monkeypatch.setenv("CKPT_CHAOS_TEST_CRASH_SIGNAL", sig)
     r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml", "tests.planted.crashes_natively")
     assert (tmp_path / "kill-rank1-mid-shard-write.crashed" / "torchrun.log").is_file()
     assert (tmp_path / "crashes").read_text() == str(crashes)
     if crashes == 1:  # the second run is clean: it passes, and says it is a second run
         assert r.verdict == "pass", r.reason
         assert r.checks[0]["name"] == "retried_after_native_crash"
-        assert "SIGSEGV in a rank" in r.checks[0]["detail"]
+        assert f"{sig} in a rank" in r.checks[0]["detail"]
     else:  # crashing again is a failure, not a third try
         assert r.verdict == "fail"
         assert r.checks[0]["name"] == "retried_after_native_crash"

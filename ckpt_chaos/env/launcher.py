@@ -149,7 +149,12 @@ def native_crash(log: Path) -> str | None:
     """What a launch's log says a rank died of, if it crashed natively (torch, gloo, the C++ runtime):
     on a loaded 2-core machine gloo now and then aborts a worker at exit ("terminate called without
     an active exception"), about once in a few hundred launches."""
-    found = _NATIVE_CRASH.findall(log.read_text(errors="replace")) if log.exists() else []
+    return native_crash_in(log.read_text(errors="replace")) if log.exists() else None
+
+
+def native_crash_in(text: str) -> str | None:
+    """``native_crash`` of a launch log's text."""
+    found = _NATIVE_CRASH.findall(text)
     return next((f"{sig} in a rank" for sig in found if sig), "Fatal Python error" if found else None)
 
 

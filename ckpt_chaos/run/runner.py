@@ -38,7 +38,7 @@ from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessEr
                                      ProbeEvent, RankExited, Reaped, TornDown, final_state, of, read_history,
                                      snapshot_checkpoints, trainer_events)
 from ckpt_chaos.config import golden_dir
-from ckpt_chaos.env.launcher import Job, launch, module_path, native_crash, prewarm, worker_pythonpath
+from ckpt_chaos.env.launcher import Job, launch, module_path, native_crash, native_crash_in, prewarm, worker_pythonpath
 from ckpt_chaos.env import cluster as cluster_module, slurm as slurm_env
 from ckpt_chaos.env.cluster import Cluster
 from ckpt_chaos.faults import Launch, Nemeses, Setting, requirements
@@ -456,12 +456,25 @@ class ChaosRun:
         return any(e.get("attempt", 0) >= launch for e in trainer_events(self.run_dir, "finished"))
 
 
-def native_crash_before_any_fault(run_dir: Path) -> str | None:
-    """The crash line, if a rank died of a native crash (torch, gloo, the C++ runtime) before any fault
-    fired: the run then says nothing about fault handling, and the scenario is run once more."""
-    if of(read_history(run_dir), FaultFired):
+def native_crash_where_no_fault_fired(run_dir: Path) -> str | None:
+    """The crash line, if a rank died of a native crash (torch, gloo, the C++ runtime) in a launch in
+    which no fault fired: before the first fault, or in a relaunch (gloo's abort at exit, after the
+    job trained to its last step). Such a run says nothing about fault handling, and the scenario is
+    run once more; a crash that the faults cause comes back on the second run and fails it.
+
+    Each launch opens its part of ``torchrun.log`` with a ``$ command`` line; where the parts and the
+    history's launches do not pair up (a backend that logs elsewhere), only a crash before any fault counts."""
+    history = read_history(run_dir)
+    fired = {f.launch for f in of(history, FaultFired)}
+    log = run_dir / "torchrun.log"
+    if not fired or not log.exists():
+        return native_crash(log)
+    parts = re.split(r"(?m)^\$ ", log.read_text(errors="replace"))[1:]
+    launches = [e.launch for e in of(history, LaunchStarted)]
+    if len(parts) != len(launches):
         return None
-    return native_crash(run_dir / "torchrun.log")
+    return next((crash for n, part in zip(launches, parts)
+                 if n not in fired and (crash := native_crash_in(part))), None)
 
 
 _SEGFAULT = re.compile(r"Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault")
@@ -479,13 +492,13 @@ def segfault_in_a_rank(run_dir: Path) -> str | None:
 def run_scenario(s: Scenario, out_root: Path, golden_root: Path | None = None) -> Result:
     """Run one scenario end to end and return its row; never raises for a failed scenario.
 
-    A failed run whose trainer crashed natively before any fault fired, or segfaulted at any time
+    A failed run whose trainer crashed natively in a launch where no fault fired, or segfaulted at any time
     (about one launch in several hundred here: a SIGSEGV inside torch/gloo), is kept as
     ``NAME.crashed`` and run once more, loudly; the result carries a ``retried_after_native_crash``
     check naming the crash. A second crash fails: a crash the faults cause comes back."""
     result = _run_scenario_once(s, out_root, golden_root)
     failed = result.verdict == "fail" and result.run_dir
-    crash = (native_crash_before_any_fault(Path(result.run_dir)) or segfault_in_a_rank(Path(result.run_dir))
+    crash = (native_crash_where_no_fault_fired(Path(result.run_dir)) or segfault_in_a_rank(Path(result.run_dir))
              if failed else None)
     if crash is None:
         return result

@@ -1,7 +1,8 @@
 """Not a checkpointing bug: rank 0 dies of a native crash (SIGSEGV, as torch/gloo did once in CI) at
 the start of its first save, in the first launch of a chaos run only (golden runs are left alone), on
 the first ``CKPT_CHAOS_TEST_CRASHES`` chaos runs of the test that sets it (counted in a file).
-``CKPT_CHAOS_TEST_CRASH_ATTEMPT=1``: in the relaunch instead, after the scenario's fault fired."""
+``CKPT_CHAOS_TEST_CRASH_ATTEMPT=1``: in the relaunch instead, after the scenario's fault fired.
+``CKPT_CHAOS_TEST_CRASH_SIGNAL``: the signal's name (SIGSEGV by default; SIGABRT as gloo at exit)."""
 import os
 import signal
 from pathlib import Path
@@ -19,7 +20,7 @@ def save(self, *args, **kwargs):
         done = int(counter.read_text()) if counter.exists() else 0
         if done < int(os.environ.get("CKPT_CHAOS_TEST_CRASHES", "0")):
             counter.write_text(str(done + 1))
-            os.kill(os.getpid(), signal.SIGSEGV)
+            os.kill(os.getpid(), getattr(signal, os.environ.get("CKPT_CHAOS_TEST_CRASH_SIGNAL", "SIGSEGV")))
     return _save(self, *args, **kwargs)
 
 
