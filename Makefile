@@ -40,7 +40,7 @@ $(SYSTEM_STAMP): Makefile
 # keeps pip from reaching for a CUDA build.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[all,test,bench,examples]' 2>&1 | { grep -v "is ignored" || true; }
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[all,test,bench,examples,mutation]' 2>&1 | { grep -v "is ignored" || true; }
 	$(PY) -c "import torch, torchdata; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 

@@ -164,6 +164,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         if why := fanout.missing(target):
             print(f"ckpt-chaos run: --executor slurm: {why}", file=sys.stderr)
             return EXIT_CANNOT_RUN
+    if args.cov_source and not args.coverage:
+        raise UsageError("--cov-source needs --coverage")
+    if args.coverage:
+        from ckpt_chaos.report import trainer_coverage
+
+        if why := trainer_coverage.missing():
+            raise UsageError(f"--coverage {why}")
+        if target is not None:
+            raise UsageError("--coverage measures processes on this machine: use it without --executor slurm")
+        missing = [p for p in args.cov_source or [] if not Path(p).exists()]
+        if missing:
+            raise UsageError(f"--cov-source {missing[0]}: no such file or folder")
     reports = Path(args.reports) if args.reports else config.out_dir(args.out, _project()) / "reports"
     golden = Path(args.golden_dir) if args.golden_dir else config.golden_dir()
     console = Console(stderr=args.json)
@@ -171,6 +183,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     suite = "custom" if args.scenario else args.suite
     out = results.suite_dir(reports, suite)
     console.print(f"ckpt-chaos: {len(chosen)} scenario(s) of suite [bold]{suite}[/], results in {out}")
+    if args.coverage:
+        sources = [str(Path(p).resolve()) for p in args.cov_source or []] or trainer_coverage.default_sources(chosen)
+        trainer_coverage.start(out / "coverage", sources)
+        console.print(f"coverage of {', '.join(sources)}")
     if args.plots != "none" and missing_extra("report") is not None:
         console.print(f"[yellow]no plots in the report: it {missing_extra('report')}[/]")
     jobs = min(args.jobs, len(chosen))
@@ -192,6 +208,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def finish(code: int) -> int:
         wall = time.monotonic() - started
+        if args.coverage:
+            os.environ.pop(trainer_coverage.ENV, None)
+            for line in trainer_coverage.format_summary(trainer_coverage.report(out / "coverage")):
+                console.print(line, markup=False, highlight=False)
+            console.print(f"coverage: {out / 'coverage' / 'index.html'}")
         html = results.write(out, suite, rows, wall, plots=plots)
         if args.junitxml:
             results.write_junit(Path(args.junitxml), suite, rows, wall)
@@ -606,6 +627,13 @@ def parser() -> argparse.ArgumentParser:
                    help="run up to N scenarios at once, each in a worker process; 'auto': as the cores and "
                         "memory allow. Their ranks stay within 2 per core, and timing-sensitive or multi-node "
                         "scenarios run alone, so that verdicts are those of a serial run")
+    c.add_argument("--coverage", action="store_true",
+                   help="measure which lines of the trainer the scenarios reach (every rank, relaunch and "
+                        "uploader): an HTML report in the suite's coverage/ folder, linked from index.html "
+                        "(needs the 'coverage' extra)")
+    c.add_argument("--cov-source", action="append", metavar="PATH",
+                   help="with --coverage: a folder or file to measure (repeatable; default: the reference "
+                        "trainer, or the folder of a [command] trainer's script or module)")
     c.add_argument("--executor", choices=("local", "slurm"), default="local",
                    help="local (default): on this machine; slurm: one Slurm job per scenario, on a throwaway "
                         "cluster on this host or, with --slurm-conf or $SLURM_CONF, an existing one (docs/slurm.md)")

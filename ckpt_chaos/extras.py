@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "remote": ("boto3", "moto", "flask", "toxiproxy"),  # S3 tier: client, moto's server, the proxy's client
     "search": ("hypothesis",),  # ckpt-chaos explore
     "report": ("matplotlib",),  # plots in reports, cadence, benchmarks
+    "coverage": ("coverage",),  # run --coverage: which lines of the trainer the scenarios reach
 }
 
 

@@ -306,9 +306,10 @@ def launch_command(run_dir: Path, nproc: int, argv: list[str], *, launcher: str 
 # ---- the agent launcher: spares with torch imported ---------------------------------------------
 
 # Variables read when the interpreter, a preloaded library or torch starts: a spare is started
-# with them (LD_PRELOAD and FIU_* for libfiu). Any other variable (the harness's CKPT_CHAOS_*, the
+# with them (LD_PRELOAD and FIU_* for libfiu, COVERAGE_PROCESS_START for coverage.py's .pth). Any other variable (the harness's CKPT_CHAOS_*, the
 # remote tier's AWS_*) is read later, by the code that needs it, and is given to a rank after the fork.
-EXEC_TIME = ("LD_", "PYTHON", "FIU_", "OMP_", "MKL_", "MALLOC", "GLIBC", "TORCH", "CUDA", "NCCL", "GLOO")
+EXEC_TIME = ("LD_", "PYTHON", "FIU_", "OMP_", "MKL_", "MALLOC", "GLIBC", "TORCH", "CUDA", "NCCL", "GLOO",
+             "COVERAGE_")
 
 
 def _late(key: str) -> bool:

@@ -172,7 +172,20 @@ def point(name: str, /, **info) -> None:
     controller = _this_process()
     if controller is None:
         return
+    _save_coverage()
     controller.report(name, info)
+
+
+def _save_coverage() -> None:
+    """Under ``ckpt-chaos run --coverage``: write the lines measured so far, since the controller's
+    answer may be a SIGKILL that would take them with the process."""
+    coverage = sys.modules.get("coverage")
+    cov = coverage.Coverage.current() if coverage is not None else None
+    if cov is not None:
+        try:
+            cov.save()
+        except Exception as e:  # measuring must never change the job
+            print(f"ckpt-chaos probe: coverage data not saved: {e!r}", file=sys.stderr, flush=True)
 
 
 def active() -> bool:

@@ -231,7 +231,9 @@ def render(out: Path, suite: str, results: list[dict], wall_s: float, plots: boo
         for fam in r.get("families") or ["none"]:
             c = families.setdefault(fam, {})
             c[r["verdict"]] = c.get(r["verdict"], 0) + 1
-    html = _TEMPLATE.render(suite=suite, wall_s=wall_s, rows=rows, counts=counts, families=families,
+    cov = out / "coverage" / "summary.json"
+    coverage = json.loads(cov.read_text()).get("checkpoint_path") if cov.is_file() else None
+    html = _TEMPLATE.render(suite=suite, wall_s=wall_s, rows=rows, counts=counts, families=families, coverage=coverage,
                             failing=sum(1 for r in results if failed(r)),
                             generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                             tool_version=__version__)
@@ -334,6 +336,8 @@ of {{ rows|length }} scenarios could not run here (skipped){% else %}all {{ rows
 &middot; {{ generated }} &middot; ckpt-chaos {{ tool_version }}</div>
 <div id="families">{% for fam, c in families|dictsort %}<span class="family {{ 'fail' if c.fail or c.xpass else ('skipped' if c.skipped else 'pass') }}">
 {{ fam }}: {{ c.pass or 0 }} passed{% if c.fail %}, {{ c.fail }} failed{% endif %}{% if c.skipped %}, {{ c.skipped }} skipped{% endif %}{{ others(c) }}</span>{% endfor %}</div>
+{% if coverage %}<p id="coverage"><a href="coverage/index.html">Trainer coverage</a> under these scenarios{% if coverage.statements %}:
+checkpoint path {{ coverage.line_percent|fmt }} % of lines, {{ coverage.branch_percent|fmt }} % of branches{% endif %}</p>{% endif %}
 <input id="filter" placeholder="filter: a scenario name, verdict, fault kind or family" aria-label="filter">
 <table id="scenarios"><thead><tr><th>scenario</th><th>verdict</th><th>faults</th><th>resumed from</th>
 <th>launches</th><th>steps lost</th><th>detect (s)</th><th>recover (s)</th><th>save stall (s)</th><th>wall (s)</th></tr></thead><tbody>

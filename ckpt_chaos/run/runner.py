@@ -46,6 +46,7 @@ from ckpt_chaos.faults.process import ProcessNemesis
 from ckpt_chaos.faults.slurm import SlurmNemesis
 from ckpt_chaos.env.objectstore import RemoteTier
 from ckpt_chaos.probe import ENV_ATTEMPT, ENV_CONTROLLER
+from ckpt_chaos.report import trainer_coverage
 from ckpt_chaos.scenario import Scenario
 from ckpt_chaos.env.storage import Storage, remove_leftovers
 
@@ -525,7 +526,8 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
         base.reason = f"cannot inject {why}"
         return base
     if not s.cluster.multi_node and s.recovery.relaunch != "torchrun" and s.command is None:
-        prewarm(s.trainer_module)  # its torch import overlaps the golden run's lookup and the storage set-up
+        with trainer_coverage.measuring(s.name):  # the spare the chaos run takes, not the golden run's
+            prewarm(s.trainer_module)  # its torch import overlaps the golden run's lookup and the storage set-up
     run_dir = Path(out_root) / s.name
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -545,8 +547,8 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
         slurm_env.remove_leftovers()
     elif s.cluster.multi_node:
         cluster_module.remove_leftovers()
-    with Storage(run_dir, spec) as storage, _cluster_for(s, run_dir) as cluster, \
-            _remote_for(s, run_dir, out_root) as remote:
+    with trainer_coverage.measuring(s.name), Storage(run_dir, spec) as storage, \
+            _cluster_for(s, run_dir) as cluster, _remote_for(s, run_dir, out_root) as remote:
         chaos = ChaosRun(s, run_dir, storage, cluster, remote,
                          planned=command.plan(s, golden, run_dir) if s.command is not None else None)
         try:
