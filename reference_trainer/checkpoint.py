@@ -278,7 +278,8 @@ class CheckpointManager:
         probe.point("ckpt.commit", name=name)
         write_durably(self.root / LATEST, name.encode())
         probe.point("ckpt.latest", name=name)
-        self.log("committed", name=name, files=len(files), bytes=sum(v["size"] for v in manifest["files"].values()))
+        self.log("committed", name=name, files=len(files), bytes=sum(v["size"] for v in manifest["files"].values()),
+                 loss=loss)
         self.apply_retention()
         if self.uploads is not None:
             self.uploads.submit(name)

@@ -118,3 +118,21 @@ def test_a_native_crash_where_no_fault_fired_or_a_segfault_is_run_again_once_and
     else:  # crashing again is a failure, not a third try
         assert r.verdict == "fail"
         assert r.checks[0]["name"] == "retried_after_native_crash"
+
+
+def test_retention_that_forgets_the_best_checkpoint_on_a_relaunch_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "retention-milestones-and-best-across-a-crash.toml", "tests.planted.best_in_memory")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert list(bad) == ["retention_kept"], bad
+    assert "step_00000004, the lowest loss committed (3.4134), is not kept" in bad["retention_kept"]
+
+
+def test_making_room_on_a_full_disk_by_deleting_the_best_checkpoint_is_caught(tmp_path, golden_root):
+    s = dataclasses.replace(load(builtin_scenarios() / "storage" / "retention-best-on-full-disk.toml"),
+                            trainer_module="tests.planted.makes_room_on_full_disk")
+    r = run_scenario(s, tmp_path, golden_root)
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "step_00000004, the lowest loss committed (3.4134), is not kept" in bad["retention_kept"]
+    assert "resume_from" in bad

@@ -538,6 +538,35 @@ def _final_directory(run: Run, report: Report) -> None:
     ok = len(others) <= allowed and (not names or snap["newest_valid"] == names[-1])
     report.add("retention", ok, f"{len(names)} checkpoint(s) kept, {len(others)} outside milestones (limit {allowed})"
                if ok else f"kept {names}: more than keep_last={keep_last} outside milestones, or the newest is invalid")
+    if keep_every or keep_best:
+        _retention_kept(run, report, snap, milestone, keep_best)
+
+
+def _retention_kept(run: Run, report: Report, snap: dict, milestone, keep_best: bool) -> None:
+    """What retention promises to keep is there at the end, across every launch: each milestone
+    committed (``keep_every``) and the committed checkpoint with the lowest loss (``keep_best``).
+    A checkpoint a fault damaged on purpose, or one the resume rejected, is not retention's to keep."""
+    committed = {e["name"]: e for e in run.trainer("committed")}
+    damaged = {h.detail.get("checkpoint") for h in run.faults() if _spec(run, h).damages}
+    rejected = {e["name"] for e in run.trainer("ckpt_rejected")}
+    kept = {n for n, why in snap["checkpoints"].items() if why is None}
+    owed = {n: "a milestone" for n in committed if milestone(n)}
+    scored = {n: e["loss"] for n, e in committed.items() if e.get("loss") is not None}
+    if keep_best and scored:
+        best = min(scored, key=lambda n: (scored[n], n))
+        owed[best] = f"the lowest loss committed ({scored[best]:.4f})"
+    out_of_reach = {n for n in owed if n in damaged or n in rejected}
+    missing = {n: why for n, why in owed.items() if n not in kept and n not in out_of_reach}
+    if not owed:
+        report.add("retention_kept", "unknown", "no milestone or scored checkpoint was committed: nothing to hold")
+    elif missing:
+        deleted = {n for r in run.trainer("retention") for n in r.get("deleted", [])}
+        report.add("retention_kept", False, "; ".join(
+            f"{n}, {why}, is not kept{' (retention deleted it)' if n in deleted else ''}"
+            for n, why in sorted(missing.items())) + f"; kept: {', '.join(sorted(kept)) or 'nothing'}")
+    else:
+        report.add("retention_kept", True, "kept " + ", ".join(f"{n} ({why})" for n, why in sorted(owed.items())
+                                                              if n not in out_of_reach))
 
 
 def _timings(run: Run, report: Report) -> None:

@@ -1,0 +1,35 @@
+"""Planted bug: ``keep_best`` remembers the best checkpoint in memory, from the saves this process
+made. After a relaunch the best checkpoint of the earlier launch is just another old one, and the
+first retention of the new process deletes it.
+"""
+from reference_trainer import checkpoint as ck
+
+_commit = ck.CheckpointManager._commit
+
+
+def _commit_remembering_best(self, name, progress, loss, digests):
+    if loss is not None and loss < getattr(self, "best_seen", (float("inf"), None))[0]:
+        self.best_seen = (loss, name)
+    return _commit(self, name, progress, loss, digests)
+
+
+def _retention_from_memory(self):
+    best = getattr(self, "best_seen", (None, None))[1]
+    ckpts = ck.list_checkpoints(self.root)
+    keep = set(ckpts[: self.cfg.keep_last])
+    if self.cfg.keep_every:
+        keep |= {c for c in ckpts if ck.parse_name(c.name)[1] == 0
+                 and ck.parse_name(c.name)[0] % self.cfg.keep_every == 0}
+    keep |= {c for c in ckpts if self.cfg.keep_best and c.name == best}
+    for c in ckpts:
+        if c not in keep:
+            ck.remove_tree(c)
+
+
+ck.CheckpointManager._commit = _commit_remembering_best
+ck.CheckpointManager.apply_retention = _retention_from_memory
+
+if __name__ == "__main__":
+    from reference_trainer.__main__ import run_and_exit
+
+    run_and_exit()
