@@ -268,6 +268,9 @@ class Recovery:
     relaunch: str = "harness"
     max_restarts: int = 1
     world_size: int | None = None
+    # Trainer keys an operator changes before each relaunch (the first table: the first relaunch);
+    # a relaunch past the list runs the scenario's own [trainer] again. Reference trainer only.
+    changes: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -279,6 +282,9 @@ class Expect:
     job_fails: bool | None = None  # the faulted launch exits non-zero (default: not for term)
     detect_within_s: float | None = None  # fault -> faulted launch gone
     deadline_s: float = 300.0
+    # Trainer keys a resume must refuse to change: a relaunch whose recovery.changes touch one exits
+    # non-zero before loading anything, names the key, and leaves the checkpoints as they were.
+    refused: list[str] = field(default_factory=list)
     # The check this scenario is kept to show failing (a documented bug, described in its description):
     # its failure is an expected failure; its passing is reported, since the bug may have been fixed.
     known_failure: str | None = None
@@ -397,7 +403,8 @@ def _type_ok(value: Any, annotation: str) -> bool:
               "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
               "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool),
               "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-              "dict[str, Any]": lambda v: isinstance(v, dict)}
+              "dict[str, Any]": lambda v: isinstance(v, dict),
+              "list[dict[str, Any]]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)}
     options = [a.strip() for a in annotation.split("|")]
     return any(checks.get(o, lambda v: True)(value) for o in options if o != "None")
 
@@ -554,25 +561,56 @@ def validate(s: Scenario) -> None:
         if f.attempt > s.recovery.max_restarts:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
+    _check_changes(s)
     if s.trainer_module == "reference_trainer" or s.trainer_module.startswith("tests.planted."):
-        from reference_trainer.config import ConfigError, TrainConfig
+        _check_trainer_table(src, "trainer", s.trainer, s)
+        for i, change in enumerate(s.recovery.changes):
+            _check_trainer_table(src, f"recovery.changes[{i}]", {**s.trainer, **change}, s, change)
 
-        defaults = TrainConfig().to_dict()
-        for k, v in s.trainer.items():
-            if k not in defaults:
-                raise _error(src, f"trainer.{k}", "not a TrainConfig field",
-                             "see reference_trainer/config.py for the fields")
-            if k == "run_dir":
-                raise _error(src, "trainer.run_dir", "set by the harness", "remove it")
-            want = type(defaults[k])
-            if not _type_ok(v, {int: "int", float: "float", bool: "bool", str: "str"}.get(want, "any")):
-                raise _error(src, f"trainer.{k}", f"wrong type {type(v).__name__} ({v!r})", f"expected {want.__name__}")
-        try:
-            cfg = TrainConfig(**s.trainer)
-            for world in {s.world_size, s.resumed_world_size()}:
-                cfg.validate(world)
-        except (ConfigError, TypeError) as e:
-            raise _error(src, "trainer", str(e), "fix the trainer table or the world sizes") from None
+
+def _check_trainer_table(src: str, key: str, table: dict[str, Any], s: Scenario,
+                         shown: dict[str, Any] | None = None) -> None:
+    """``table`` is a valid reference-trainer configuration at every world size the scenario uses;
+    errors name ``key`` and the keys of ``shown`` (the table as written)."""
+    from reference_trainer.config import ConfigError, TrainConfig
+
+    defaults = TrainConfig().to_dict()
+    for k, v in (table if shown is None else shown).items():
+        if k not in defaults:
+            raise _error(src, f"{key}.{k}", "not a TrainConfig field", "see reference_trainer/config.py for the fields")
+        if k == "run_dir":
+            raise _error(src, f"{key}.run_dir", "set by the harness", "remove it")
+        want = type(defaults[k])
+        if not _type_ok(v, {int: "int", float: "float", bool: "bool", str: "str"}.get(want, "any")):
+            raise _error(src, f"{key}.{k}", f"wrong type {type(v).__name__} ({v!r})", f"expected {want.__name__}")
+    try:
+        cfg = TrainConfig(**table)
+        for world in {s.world_size, s.resumed_world_size()}:
+            cfg.validate(world)
+    except (ConfigError, TypeError) as e:
+        raise _error(src, key, str(e), "fix the trainer table or the world sizes") from None
+
+
+def _check_changes(s: Scenario) -> None:
+    src, changes = s.source, s.recovery.changes
+    if changes and s.command is not None:
+        raise _error(src, "recovery.changes", "a [command] trainer's relaunch is changed by its own argv",
+                     "use command.relaunch_argv")
+    if changes and (s.recovery.relaunch != "harness" or s.cluster.backend == "slurm"):
+        raise _error(src, "recovery.changes", "only a relaunch by the harness can change the configuration",
+                     "use relaunch = \"harness\" on a backend other than slurm")
+    if len(changes) > s.recovery.max_restarts:
+        raise _error(src, "recovery.changes", f"{len(changes)} tables for {s.recovery.max_restarts} relaunch(es)",
+                     "raise recovery.max_restarts or drop tables")
+    for i, change in enumerate(changes):
+        if not change and i == len(changes) - 1:
+            raise _error(src, f"recovery.changes[{i}]", "an empty last table changes nothing",
+                         "drop it: relaunches past the list run the scenario's own [trainer]")
+    changed = {k for change in changes for k in change}
+    for k in s.expect.refused:
+        if k not in changed:
+            raise _error(src, "expect.refused", f"{k!r} is changed by no relaunch",
+                         "name keys that a recovery.changes table sets")
 
 
 def _check_command(s: Scenario) -> None:

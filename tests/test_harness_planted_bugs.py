@@ -136,3 +136,23 @@ def test_making_room_on_a_full_disk_by_deleting_the_best_checkpoint_is_caught(tm
     bad = failed(r)
     assert "step_00000004, the lowest loss committed (3.4134), is not kept" in bad["retention_kept"]
     assert "resume_from" in bad
+
+
+def test_a_resume_that_accepts_a_changed_learning_rate_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "relaunch-with-changed-lr-is-refused.toml", "tests.planted.accepts_any_config")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "launch 1 changed lr = 0.006, which a resume must refuse, but it exited with status 0" in bad[
+        "config_refused@1"]
+    assert "it resumed from step_00000004 at step 4" in bad["config_refused@1"]
+    assert "(lr" in bad["trajectory"]  # the diagnosis names the learning rate
+
+
+def test_a_resume_that_refuses_a_change_of_cadence_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "relaunch-with-changed-cadence-resumes.toml",
+            "tests.planted.refuses_any_config_change")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "launch 1 changed only ckpt_every_steps = 2, keep_last = 1, async_save = True, which a resume may " \
+           "change, but it loaded no checkpoint" in bad["config_accepted@1"]
+    assert "job_completed" in bad

@@ -55,6 +55,33 @@ def test_invalid_files_name_the_file_the_key_and_the_fix(tmp_path, edit, key, hi
     assert_refused(write(tmp_path, GOOD.replace(*edit)), key, hint)
 
 
+RELAUNCH = "max_steps = 12\n[recovery]\nmax_restarts = 2\n"
+
+
+@pytest.mark.parametrize("edit,key,hint", [
+    (RELAUNCH + "changes = [{ lr = 0.1 }, { lr = 0.2 }, { lr = 0.3 }]", "recovery.changes", "3 tables for 2 relaunch"),
+    (RELAUNCH + "changes = [{ learning_rate = 0.1 }]", "recovery.changes[0].learning_rate", "not a TrainConfig field"),
+    (RELAUNCH + "changes = [{ lr = \"high\" }]", "recovery.changes[0].lr", "wrong type str"),
+    (RELAUNCH + "changes = [{ run_dir = \"x\" }]", "recovery.changes[0].run_dir", "set by the harness"),
+    (RELAUNCH + "changes = [{ global_batch = 15 }]", "recovery.changes[0]", "global_batch=15"),
+    (RELAUNCH + "changes = [{ lr = 0.1 }, {}]", "recovery.changes[1]", "an empty last table changes nothing"),
+    (RELAUNCH + "changes = [{ lr = 0.1 }]\n[expect]\nrefused = [\"seed\"]", "expect.refused",
+     "'seed' is changed by no relaunch"),
+    (RELAUNCH + "relaunch = \"torchrun\"\nchanges = [{ lr = 0.1 }]", "recovery.changes",
+     "only a relaunch by the harness"),
+    (RELAUNCH + "changes = { lr = 0.1 }", "recovery.changes", "wrong type dict"),
+])
+def test_invalid_config_changes_on_relaunch_name_the_key_and_the_fix(tmp_path, edit, key, hint):
+    assert_refused(write(tmp_path, GOOD.replace("max_steps = 12", edit)), key, hint)
+
+
+def test_config_changes_on_relaunch_round_trip(tmp_path):
+    s = load(write(tmp_path, GOOD.replace("max_steps = 12", RELAUNCH + "changes = [{ lr = 0.1 }]\n"
+                                                                      "[expect]\nrefused = [\"lr\"]")))
+    assert s.recovery.changes == [{"lr": 0.1}] and s.expect.refused == ["lr"]
+    assert load(write(tmp_path, s.to_toml(), "again.toml")).recovery == s.recovery
+
+
 def assert_refused(path: Path, key: str, hint: str) -> None:
     """Loading ``path`` fails with "<file>: <key>: ..." and the message contains ``hint``."""
     with pytest.raises(ScenarioError) as e:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, LaunchStarted,
-                                     ProbeEvent, R, RankExited, Record, final_state, of, read_history, trajectory,
+                                     ProbeEvent, R, RankExited, Record, final_state, launch_logs, of, read_history,
+                                     trajectory,
                                      trajectory_records, trainer_events)
 from ckpt_chaos.faults import FaultKind
 from ckpt_chaos.scenario import Scenario
@@ -133,6 +134,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     _trajectory(run, report)
     _loaded_equals_saved(run, report)
     _resume_choice(run, report)
+    _config_changes(run, report)
     _crash_states(run, report)
     _committed_valid(run, report)
     _remote_tier(run, report)
@@ -348,6 +350,41 @@ def _resume_choice(run: Run, report: Report) -> None:
                        f"{_blame(run, before.t, name)}")
 
 
+def _config_changes(run: Run, report: Report) -> None:
+    """A relaunch whose configuration changed a key the resume must refuse (``expect.refused``) exits
+    non-zero before loading anything, says which key, and leaves the checkpoints as they were; a
+    relaunch that changed only other keys resumes."""
+    logs = launch_logs(run.dir) or {}
+    for n, change in enumerate(run.s.recovery.changes, 1):
+        ex, before = run.exit_of(n), run.exit_of(n - 1)
+        if ex is None:
+            continue
+        refused = sorted(k for k in change if k in run.s.expect.refused)
+        what = ", ".join(f"{k} = {v!r}" for k, v in change.items())
+        loads = run.trainer("loaded", n)
+        if not refused:
+            ok = bool(loads)
+            report.add("config_accepted", ok, at=n, detail=
+                       f"launch {n} changed {what} and resumed from {loads[0]['name']}" if ok else
+                       f"launch {n} changed only {what}, which a resume may change, but it loaded no checkpoint "
+                       f"(exit status {ex.rc}); see its part of torchrun.log")
+            continue
+        problems = []
+        if ex.rc == 0 or ex.rc is None:
+            problems.append(f"it exited with status {ex.rc}")
+        if loads:
+            problems.append(f"it resumed from {loads[0]['name']} at step {loads[0]['step']}")
+        if not any(k in logs.get(n, "") for k in refused):
+            problems.append(f"its output names none of {', '.join(refused)}")
+        if before is not None and ex.snapshot["checkpoints"] != before.snapshot["checkpoints"]:
+            problems.append(f"the checkpoints changed: {sorted(before.snapshot['checkpoints'])} before it, "
+                            f"{sorted(ex.snapshot['checkpoints'])} after it")
+        report.add("config_refused", not problems, at=n, detail=
+                   f"launch {n} changed {what} and was refused: it exited {ex.rc} naming {', '.join(refused)}, "
+                   "the checkpoints untouched" if not problems else
+                   f"launch {n} changed {what}, which a resume must refuse, but " + "; ".join(problems))
+
+
 def _newest(*names: str | None) -> str | None:
     from ckpt_chaos.probe.layout import parse_name
 
@@ -507,11 +544,14 @@ def _lost_work(run: Run, report: Report) -> None:
         point = run.resume_point(launch)
         if point is None:
             continue
-        lost = max(0, run.last_step(launch - 1) - point[1])
+        # the launch before that trained (a relaunch refused for its configuration trains nothing)
+        prior = next((p for p in range(launch - 1, -1, -1) if run.last_step(p) or p == 0), launch - 1)
+        reached = run.last_step(prior)
+        lost = max(0, reached - point[1])
         total += lost
         if limit is not None:
             report.add("lost_work", lost <= limit, at=launch, detail=
-                       f"launch {launch - 1} reached step {run.last_step(launch - 1)}, launch {launch} resumed at "
+                       f"launch {prior} reached step {reached}, launch {launch} resumed at "
                        f"step {point[1]}: {lost} step(s) lost, at most {limit} allowed")
     report.steps_lost = total if report.launches > 1 else 0
 

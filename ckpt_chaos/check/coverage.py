@@ -136,6 +136,9 @@ APPLIES: dict[str, Callable[[Scenario], bool]] = {
     "committed_valid": _always,
     "no_strays": _always,
     "retention": _always,
+    "config_refused": lambda s: _relaunched(s) and any(k in s.expect.refused for c in s.recovery.changes for k in c),
+    "config_accepted": lambda s: _relaunched(s) and any(not any(k in s.expect.refused for k in c)
+                                                        for c in s.recovery.changes if c),
     "retention_kept": lambda s: bool(s.trainer.get("keep_every") or s.trainer.get("keep_best")),
     "fault_fired": lambda s: bool(s.faults),
     "final_state": lambda s: s.expect.trajectory == "bit-exact",
@@ -242,6 +245,8 @@ def setups_of(s: Scenario) -> set[str]:
     # the trainer's checkpoint options that decide what survives: each under each family of faults
     out |= {f"{option} under {family} faults" for option in CHECKPOINT_OPTIONS if s.trainer.get(option)
             for family in s.families}
+    if s.recovery.changes:
+        out.add("configuration changed on relaunch")
     if not s.probe:
         out.add("unprobed trainer")
     if s.remote is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import threading
 import time
 from dataclasses import MISSING, dataclass, field, fields
@@ -261,6 +262,17 @@ def read_history(run_dir: Path) -> list[Record]:
             continue
         out.append(from_line(data, f"{path}:{n}"))
     return out
+
+
+def launch_logs(run_dir: Path, history: list[Record] | None = None) -> dict[int, str] | None:
+    """Launch -> its part of ``torchrun.log``: each launch opens its part with a ``$ command`` line.
+    None where the parts and the history's launches do not pair up (a backend that logs elsewhere)."""
+    log = Path(run_dir) / "torchrun.log"
+    if not log.exists():
+        return None
+    parts = re.split(r"(?m)^\$ ", log.read_text(errors="replace"))[1:]
+    launches = [e.launch for e in of(read_history(run_dir) if history is None else history, LaunchStarted)]
+    return dict(zip(launches, parts)) if len(parts) == len(launches) else None
 
 
 def of(records: list[Record], cls: type[R], launch: int | None = None) -> list[R]:

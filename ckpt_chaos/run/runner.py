@@ -35,8 +35,8 @@ from ckpt_chaos.run import command
 from ckpt_chaos.run.controller import ProbeServer
 from ckpt_chaos.run.triggers import Generator, launch_of
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, Healed, History, LaunchStarted,
-                                     ProbeEvent, RankExited, Reaped, TornDown, final_state, of, read_history,
-                                     snapshot_checkpoints, trainer_events)
+                                     ProbeEvent, RankExited, Reaped, TornDown, final_state, launch_logs, of,
+                                     read_history, snapshot_checkpoints, trainer_events)
 from ckpt_chaos.config import golden_dir
 from ckpt_chaos.env.launcher import Job, launch, module_path, native_crash, native_crash_in, prewarm, worker_pythonpath
 from ckpt_chaos.env import cluster as cluster_module, slurm as slurm_env
@@ -270,18 +270,19 @@ class ChaosRun:
                        **(self.remote.env if self.remote else {})}
                 restarts = s.recovery.max_restarts if mode == "torchrun" else 0
                 controller = server.address if s.probe else None
+                cfg = {**base_cfg, **(s.recovery.changes[n - 1] if 0 < n <= len(s.recovery.changes) else {})}
                 with self.lock:  # events of the new launch must find its job
                     if s.command is not None:
                         job = command.launch(s, self.run_dir, n, world, server.address, planned=self.planned,
                                              env=env, max_restarts=restarts)
                     elif self.cluster:
                         elastic = mode == "torchrun" and s.resumed_world_size() != s.world_size
-                        job = self.cluster.launch(n, world, s.trainer_module, trainer_args(base_cfg),
+                        job = self.cluster.launch(n, world, s.trainer_module, trainer_args(cfg),
                                                   controller=controller, env=env, max_restarts=restarts,
                                                   min_world_size=s.resumed_world_size() if elastic else None)
                     else:
                         store = self.remote.store_endpoint if self.remote else ""
-                        job = launch(self.run_dir, world, trainer_args(base_cfg), module=s.trainer_module,
+                        job = launch(self.run_dir, world, trainer_args(cfg), module=s.trainer_module,
                                      controller=controller, env=env, max_restarts=restarts,
                                      rendezvous=store or None, rdzv_id=f"{self.run_dir.name}-{n}")
                     self.job = job
@@ -461,21 +462,14 @@ def native_crash_where_no_fault_fired(run_dir: Path) -> str | None:
     """The crash line, if a rank died of a native crash (torch, gloo, the C++ runtime) in a launch in
     which no fault fired: before the first fault, or in a relaunch (gloo's abort at exit, after the
     job trained to its last step). Such a run says nothing about fault handling, and the scenario is
-    run once more; a crash that the faults cause comes back on the second run and fails it.
-
-    Each launch opens its part of ``torchrun.log`` with a ``$ command`` line; where the parts and the
-    history's launches do not pair up (a backend that logs elsewhere), only a crash before any fault counts."""
+    run once more; a crash that the faults cause comes back on the second run and fails it. Where the
+    log cannot be split by launch, only a crash before any fault counts."""
     history = read_history(run_dir)
     fired = {f.launch for f in of(history, FaultFired)}
-    log = run_dir / "torchrun.log"
-    if not fired or not log.exists():
-        return native_crash(log)
-    parts = re.split(r"(?m)^\$ ", log.read_text(errors="replace"))[1:]
-    launches = [e.launch for e in of(history, LaunchStarted)]
-    if len(parts) != len(launches):
-        return None
-    return next((crash for n, part in zip(launches, parts)
-                 if n not in fired and (crash := native_crash_in(part))), None)
+    if not fired:
+        return native_crash(run_dir / "torchrun.log")
+    parts = launch_logs(run_dir, history) or {}
+    return next((crash for n, part in parts.items() if n not in fired and (crash := native_crash_in(part))), None)
 
 
 _SEGFAULT = re.compile(r"Signal 11 \(SIGSEGV\)|Fatal Python error: Segmentation fault")
