@@ -156,3 +156,10 @@ def test_a_resume_that_refuses_a_change_of_cadence_is_caught(tmp_path, golden_ro
     assert "launch 1 changed only ckpt_every_steps = 2, keep_last = 1, async_save = True, which a resume may " \
            "change, but it loaded no checkpoint" in bad["config_accepted@1"]
     assert "job_completed" in bad
+
+
+def test_a_time_cadence_lost_on_resume_is_caught_by_a_second_crash(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "time-cadence-killed-twice.toml", "tests.planted.time_cadence_lost_on_resume")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "lost_work@2" in bad and "at most 6 allowed" in bad["lost_work@2"], bad
