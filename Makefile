@@ -17,7 +17,7 @@ SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io 
                    slurm-wlm munge
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
-.PHONY: setup test chaos chaos-examples bench clean
+.PHONY: setup test chaos chaos-examples bench coverage clean
 
 setup: $(STAMP) $(SYSTEM_STAMP)
 
@@ -66,6 +66,12 @@ chaos: setup
 EXAMPLES := examples/plain_ddp/scenarios examples/lightning/scenarios examples/accelerate/scenarios
 chaos-examples: setup
 	$(VENV)/bin/ckpt-chaos run --suite examples $(addprefix --scenarios ,$(EXAMPLES)) $(CHAOS_FLAGS)
+
+# Which lines of the reference trainer's checkpoint path the default suite reaches, every process
+# measured; the figures and each unreached line with its reason: benchmarks/results/trainer_coverage.md.
+coverage: setup
+	$(PY) benchmarks/trainer_coverage.py
+	$(PY) benchmarks/report.py --tables
 
 # Benchmarks: apart from the tests, several rounds, medians and ratios; figures kept in benchmarks/results.
 bench: setup

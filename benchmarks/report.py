@@ -511,6 +511,24 @@ def _probe_md(d: dict) -> str:
     return out
 
 
+def coverage_md(d: dict) -> str:
+    cp = d["checkpoint_path"]
+    out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): "
+           f"{d['scenarios']} scenarios ({', '.join(f'{n} {v}' for v, n in d['verdicts'].items())}), "
+           "every rank, relaunch and uploader measured.\n\n"
+           f"Checkpoint path: **{_pct(cp['line_percent'] / 100)} of lines** ({cp['statements'] - cp['missing']} of "
+           f"{cp['statements']}), **{_pct(cp['branch_percent'] / 100)} of branches** ({cp['covered_branches']} of "
+           f"{cp['branches']}).\n\n")
+    out += _md(["file", "lines", "branches", "lines missed"],
+               [[f"`{p}`", f"{f['percent']:.1f} %", f"{f['covered_branches']} of {f['branches']}", f["missing"]]
+                for p, f in sorted(d["files"].items())])
+    out += "\n\nLines no scenario reaches (reasons: `benchmarks/coverage_gaps.toml`):\n\n"
+    out += _md(["file", "lines", "first line", "reason"],
+               [[f"`{u['file']}`", f"{u['lines'][0]}" + (f"–{u['lines'][1]}" if u['lines'][1] != u['lines'][0] else ""),
+                 f"`{u['code'][:60]}`", u["reason"] or "**none yet: a scenario to write**"] for u in d["unreached"]])
+    return out
+
+
 TABLES = {
     "probe_layer": ("What the automatic probe layer costs, and where its faults land", _probe_md),
     "launch_phases": ("Where a launch's time goes", _launch_md),
@@ -524,6 +542,7 @@ TABLES = {
     "storage_stall": ("Checkpoint stall on healthy, fault-layered and slow storage", storage_md),
     "explore_order": ("When the search first composes a narrow window", order_md),
     "explore_planted": ("The fault-schedule search against planted bugs", planted_md),
+    "trainer_coverage": ("Which lines of the reference trainer's checkpoint path the suite reaches", coverage_md),
 }
 
 
