@@ -163,3 +163,13 @@ def test_a_time_cadence_lost_on_resume_is_caught_by_a_second_crash(tmp_path, gol
     assert r.verdict == "fail"
     bad = failed(r)
     assert "lost_work@2" in bad and "at most 6 allowed" in bad["lost_work@2"], bad
+
+
+def test_a_resume_that_checks_sizes_but_not_checksums_is_caught(tmp_path, golden_root):
+    s = dataclasses.replace(load(builtin_scenarios() / "storage" / "corrupt-four-newest-four-ways.toml"),
+                            trainer_module="tests.planted.validates_sizes_only")
+    r = run_scenario(s, tmp_path, golden_root)
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "step_00000010 was corrupted (__0_0.distcp: 8 bits flipped" in bad["fault_0_detected"]
+    assert "it resumed from step_00000010" in bad["fault_0_detected"]

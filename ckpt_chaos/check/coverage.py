@@ -245,6 +245,8 @@ def setups_of(s: Scenario) -> set[str]:
     # the trainer's checkpoint options that decide what survives: each under each family of faults
     out |= {f"{option} under {family} faults" for option in CHECKPOINT_OPTIONS if s.trainer.get(option)
             for family in s.families}
+    # each way of damaging each kind of file takes its own branch of the resume's validation
+    out |= {f"{f.params.corruption} of {_file_class(f.params.file)}" for f in s.faults if f.kind == "corrupt"}
     if s.recovery.changes:
         out.add("configuration changed on relaunch")
     if not s.probe:
@@ -252,6 +254,10 @@ def setups_of(s: Scenario) -> set[str]:
     if s.remote is not None:
         out.add("remote tier")
     return out
+
+
+def _file_class(glob: str) -> str:
+    return {".metadata": "DCP metadata", "manifest.json": "the manifest"}.get(glob, "a shard")
 
 
 def _slurm_requeuer(s: Scenario) -> str:
