@@ -169,8 +169,10 @@ def summary(data: dict) -> dict:
 def format_summary(s: dict) -> list[str]:
     """The lines ``run --coverage`` prints."""
     cp = s.get("checkpoint_path")
-    if not cp or not cp["statements"]:
-        return [s.get("note", "no line of the reference trainer's checkpoint path was measured")]
+    if not cp or not cp["statements"]:  # another trainer: its files' totals
+        return [f"{path}: lines {f['percent']:.1f} %, {f['missing']} of {f['statements']} not reached, "
+                f"branches {f['covered_branches']} of {f['branches']}"
+                for path, f in sorted(s.get("files", {}).items())] or [s.get("note", "nothing was measured")]
     out = [f"checkpoint path: lines {cp['line_percent']:.1f} % ({cp['statements'] - cp['missing']} of "
            f"{cp['statements']}), branches {cp['branch_percent']:.1f} % ({cp['covered_branches']} of {cp['branches']})"]
     for path, m in sorted(s["missing"].items()):
