@@ -4,7 +4,8 @@ Runs ``ckpt-chaos run --coverage`` on a suite (or reads a stored run with ``--fr
 ``benchmarks/results/trainer_coverage.json``: line and branch coverage of the checkpoint path
 (``ckpt_chaos.report.trainer_coverage.CHECKPOINT_PATH``), each file's figures, and every line no
 scenario reaches, grouped in ranges, with the reason kept by hand in
-``benchmarks/coverage_gaps.toml`` (a range without one is a scenario still to write).
+``benchmarks/coverage_gaps.toml``, matched by a piece of the range's code (a range without one is
+a scenario still to write).
 ``python benchmarks/report.py --tables`` renders it.
 
     python benchmarks/trainer_coverage.py                      # the default suite (make coverage)
@@ -37,12 +38,10 @@ def ranges(lines: list[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
-def reason_for(gaps: list[dict], path: str, first: int, last: int) -> str | None:
-    for g in gaps:
-        lo, hi = g["lines"] if len(g["lines"]) == 2 else (g["lines"][0], g["lines"][0])
-        if path.endswith(g["file"]) and lo <= first and last <= hi:
-            return g["reason"]
-    return None
+def reason_for(gaps: list[dict], path: str, code: list[str]) -> str | None:
+    """The reason kept for a range of unreached lines: a gap of the same file whose ``match`` text is
+    in one of its lines (text, not line numbers, so that an edit elsewhere in the file keeps it)."""
+    return next((g["reason"] for g in gaps if path.endswith(g["file"]) and any(g["match"] in c for c in code)), None)
 
 
 def main() -> None:
@@ -62,15 +61,13 @@ def main() -> None:
     summary = json.loads((run / "coverage" / "summary.json").read_text())
     results = json.loads((run / "results.json").read_text())
     gaps = tomllib.loads(GAPS.read_text()).get("gap", []) if GAPS.exists() else []
-    source = {}
     unreached = []
     for path, m in sorted(summary["missing"].items()):
         text = (ROOT / path).read_text().splitlines() if (ROOT / path).exists() else []
         for first, last in ranges(m["lines"]):
-            source.setdefault(path, text)
-            unreached.append({"file": path, "lines": [first, last],
-                              "code": text[first - 1].strip() if first <= len(text) else "",
-                              "reason": reason_for(gaps, path, first, last)})
+            code = text[first - 1:last]
+            unreached.append({"file": path, "lines": [first, last], "code": code[0].strip() if code else "",
+                              "reason": reason_for(gaps, path, code)})
     data = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "command": command,
             "suite": results["suite"], "scenarios": len(results["results"]),
             "verdicts": {v: sum(1 for r in results["results"] if r["verdict"] == v)

@@ -173,3 +173,13 @@ def test_a_resume_that_checks_sizes_but_not_checksums_is_caught(tmp_path, golden
     bad = failed(r)
     assert "step_00000010 was corrupted (__0_0.distcp: 8 bits flipped" in bad["fault_0_detected"]
     assert "it resumed from step_00000010" in bad["fault_0_detected"]
+
+
+def test_a_restore_that_gives_up_after_one_failed_download_is_caught(tmp_path, golden_root):
+    s = dataclasses.replace(load(builtin_scenarios() / "remote" / "remote-download-cut-then-older-restored.toml"),
+                            trainer_module="tests.planted.restore_tries_newest_only")
+    r = run_scenario(s, tmp_path, golden_root)
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "launch 1 resumed from scratch but the newest valid checkpoint after the crash was step_00000006" in bad[
+        "resumed_newest_valid@1"]

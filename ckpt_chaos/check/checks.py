@@ -334,10 +334,15 @@ def _resume_choice(run: Run, report: Report) -> None:
         if before is None or run.s.recovery.relaunch == "torchrun":  # no snapshot between torchrun restarts
             continue
         snap = before.snapshot
-        newest = _newest(snap["newest_valid"], (before.remote or {}).get("newest_durable"))
+        # a durable checkpoint whose download a fault of this launch cut was out of the restore's reach
+        cut = {h.at["info"].get("name") for h in run.faults()
+               if h.launch == launch and h.at["point"] == "remote.download" and not _spec(run, h).heals}
+        remote = [n for n, r in (before.remote or {}).get("checkpoints", {}).items() if r is None and n not in cut]
+        newest = _newest(snap["newest_valid"], *remote)
         ok = name == newest
         report.add("resumed_newest_valid", ok, at=launch, detail=
                    f"launch {launch} resumed from {name or 'scratch'}, the newest valid checkpoint after the crash"
+                   + (f" whose download no fault cut ({', '.join(sorted(cut))} cut)" if cut else "")
                    if ok else f"launch {launch} resumed from {name or 'scratch'} but the newest valid checkpoint "
                    f"after the crash was {newest or 'none'}{_blame(run, before.t)}")
         if name is not None:

@@ -245,6 +245,9 @@ def setups_of(s: Scenario) -> set[str]:
     # the trainer's checkpoint options that decide what survives: each under each family of faults
     out |= {f"{option} under {family} faults" for option in CHECKPOINT_OPTIONS if s.trainer.get(option)
             for family in s.families}
+    # a toxic on the upload link takes the uploader's error paths, one on the restore the trainer's
+    out |= {f"toxic on the {f.params.link} link while {_phase(f.when.point)}"
+            for f in s.faults if f.kind == "toxic"}
     # each way of damaging each kind of file takes its own branch of the resume's validation
     out |= {f"{f.params.corruption} of {_file_class(f.params.file)}" for f in s.faults if f.kind == "corrupt"}
     if s.recovery.changes:
@@ -254,6 +257,13 @@ def setups_of(s: Scenario) -> set[str]:
     if s.remote is not None:
         out.add("remote tier")
     return out
+
+
+def _phase(point: str) -> str:
+    if point in ("upload.verify", "upload.durable"):
+        return "making a checkpoint durable"
+    return ("uploading objects" if point.startswith("upload.") else
+            "restoring" if point.startswith("remote.") else "training")
 
 
 def _file_class(glob: str) -> str:
