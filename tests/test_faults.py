@@ -101,11 +101,12 @@ def test_the_properties_the_checks_and_the_search_go_by():
         return {k.name for k in KINDS.values() if getattr(k, prop)}
 
     # after these the trainer may keep training: whether it stops is its policy
-    assert set(KINDS) - having("ends_launch") == {"disk_full", "errno", "slow", "corrupt", "toxic", "heal"}
+    assert set(KINDS) - having("ends_launch") == {"disk_full", "errno", "slow", "corrupt", "corrupt_remote", "toxic",
+                                                  "heal"}
     assert having("crashes") >= {"kill", "stop", "power_loss"}
     assert having("fails_saves") == {"errno", "disk_full"} and having("fills_disk") == {"disk_full"}
     assert having("notice") == {"term", "preempt", "time_limit"} and having("loses_disk") == {"lose_disk"}
-    assert having("damages") == {"corrupt"} and having("heals") == {"heal"}
+    assert having("damages") == {"corrupt", "corrupt_remote"} and having("heals") == {"heal"}
     assert having("healable") == {"partition", "toxic"} and having("uploader") == {"kill"}
     # an uploader killed alone does not end the launch
     assert not Fault(kind="kill", when=Trigger(point="upload.write"), target="uploader").ends_launch

@@ -183,3 +183,13 @@ def test_a_restore_that_gives_up_after_one_failed_download_is_caught(tmp_path, g
     bad = failed(r)
     assert "launch 1 resumed from scratch but the newest valid checkpoint after the crash was step_00000006" in bad[
         "resumed_newest_valid@1"]
+
+
+def test_a_restore_that_trusts_what_it_downloaded_is_caught(tmp_path, golden_root):
+    s = dataclasses.replace(load(builtin_scenarios() / "remote" / "remote-bit-rot-then-disk-lost.toml"),
+                            trainer_module="tests.planted.restore_trusts_download")
+    r = run_scenario(s, tmp_path, golden_root)
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "step_00000008 was damaged on the remote tier (__1_0.distcp: 8 bits flipped" in bad["fault_0_detected"]
+    assert "launch 1 restored step_00000008 from the remote tier, which was" in bad["restored_durable@1"]

@@ -504,8 +504,9 @@ def _remote_tier(run: Run, report: Report) -> None:
         return
     views = [(f"fault_{h.index}", h.index, h.t, h.remote_after) for h in run.faults() if h.remote_after is not None]
     views += [(str(ex.launch), None, ex.t, ex.remote) for ex in run.records(Exited) if ex.remote is not None]
+    damaged = {h.detail.get("checkpoint"): h.t for h in run.faults() if _spec(run, h).damages and h.detail.get("remote")}
     for label, index, t, remote in views:
-        torn = {n: r for n, r in remote["checkpoints"].items() if r is not None}
+        torn = {n: r for n, r in remote["checkpoints"].items() if r is not None and not damaged.get(n, t + 1) <= t}
         report.add("remote_durable_complete", not torn, at=label, fault=index, detail=
                    f"{len(remote['checkpoints'])} durable remote checkpoint(s), each complete"
                    + (f"; {len(remote['partial'])} partial upload(s) without a manifest: {', '.join(remote['partial'])}"

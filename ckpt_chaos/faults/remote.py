@@ -25,6 +25,12 @@ TOXICS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass
+class CorruptRemoteParams:
+    file: str = "*.distcp"  # glob over the checkpoint's objects (one is flipped: the first in name order)
+    checkpoint: str = "newest"  # newest | oldest durable checkpoint, or a checkpoint name
+
+
+@dataclass
 class ToxicParams:
     link: str = "remote"  # remote (trainer <-> S3) | store (agents and ranks <-> rendezvous store)
     toxic: str = "timeout"  # the Toxiproxy toxic type (TOXICS)
@@ -69,6 +75,37 @@ class RemoteNemesis(Nemesis):
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         record.update(pids=pids, wiped=wiped)
 
+    def corrupt_remote(self, fault: Fault, event: dict, record: dict) -> None:
+        """Flip 8 bits in the middle of an object of a durable remote checkpoint, as bit rot or a bad
+        copy on the object store would; its size and the SHA-256 it was uploaded with stay."""
+        import fnmatch
+
+        from ckpt_chaos.env.objectstore import _client
+        from ckpt_chaos.probe.layout import MANIFEST, parse_name
+
+        p, tier = fault.params, self.setting.remote
+        bucket, _, prefix = tier.url[len("s3://"):].partition("/")
+        client = _client(tier.s3.endpoint)
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix.strip("/") + "/").get("Contents", [])
+        keys: dict[str, list[str]] = {}
+        for obj in listed:
+            name, _, file = obj["Key"][len(prefix.strip("/")) + 1:].partition("/")
+            keys.setdefault(name, []).append(file)
+        durable = sorted((n for n, files in keys.items() if MANIFEST in files and parse_name(n)), key=parse_name)
+        if not durable:
+            raise RuntimeError("corrupt_remote: no durable checkpoint on the remote tier yet; trigger the fault later")
+        name = {"newest": durable[-1], "oldest": durable[0]}.get(p.checkpoint, p.checkpoint)
+        files = sorted(f for f in keys.get(name, []) if fnmatch.fnmatch(f, p.file) and f != MANIFEST)
+        if name not in durable or not files:
+            raise RuntimeError(f"corrupt_remote: no object of a durable {name} matches {p.file!r}; "
+                               f"durable: {', '.join(durable)}")
+        key = f"{prefix.strip('/')}/{name}/{files[0]}"
+        head = client.head_object(Bucket=bucket, Key=key)
+        body = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        body[len(body) // 2] ^= 0xFF
+        client.put_object(Bucket=bucket, Key=key, Body=bytes(body), Metadata=head.get("Metadata", {}))
+        record.update(checkpoint=name, files=[f"{files[0]}: 8 bits flipped at byte {len(body) // 2}"], remote=True)
+
     def _remove(self, everything: bool) -> list[str]:
         """Remove the toxics of this launch (and, with ``everything``, the kept ones too)."""
         removed, self.toxics = self.toxics, []
@@ -102,6 +139,29 @@ def _check_lose_disk(s: Scenario, f: Fault) -> None:
         raise Invalid("target", "the local backend has one node, and its disk goes with it", "use target = \"node:0\"")
 
 
+def _remote_corrupt_detected(run, h, report) -> None:
+    """The next launch that restored from the remote tier rejected the damaged checkpoint after its
+    download, with the reason, and never took it."""
+    name = h.detail.get("checkpoint")
+    later = [x for x in run.launches() if x > h.launch]
+    if not later:
+        report.add("detected", "unknown", f"{name} was damaged on the remote tier but no launch came after",
+                   fault=h.index)
+        return
+    rejected = [e for e in run.trainer("remote_rejected", later[0]) if e["name"] == name]
+    restored = [e["name"] for e in run.trainer("restored_from_remote", later[0])]
+    if rejected:
+        report.add("detected", True, f"launch {later[0]} downloaded {name} and rejected it: {rejected[0]['reason']}",
+                   fault=h.index)
+    elif restored and restored[0] > name:
+        report.add("detected", "n/a", f"launch {later[0]} restored the newer {restored[0]}: {name} was never a "
+                   "candidate", fault=h.index)
+    else:
+        report.add("detected", False, fault=h.index, detail=
+                   f"{name} was damaged on the remote tier ({'; '.join(h.detail.get('files', []))}) but launch "
+                   f"{later[0]} did not reject it" + (f"; it restored {restored[0]}" if restored else ""))
+
+
 def _check_toxic(s: Scenario, f: Fault) -> None:
     _on_remote_tier(s, f)
     p = f.params
@@ -131,6 +191,10 @@ KINDS = (
               RemoteNemesis.toxic, "#c51b7d", validate=_check_toxic,
               needs=lambda p: frozenset({"store_proxy"}) if p.link == "store" else frozenset(), healable=True,
               timed=True),
+    FaultKind("corrupt_remote", "remote", "flip 8 bits in an object of a durable checkpoint on the remote tier "
+              "(bit rot, a bad copy): a restore must validate what it downloads", CorruptRemoteParams,
+              RemoteNemesis, RemoteNemesis.corrupt_remote, "#de77ae", validate=_on_remote_tier,
+              effect_check=_remote_corrupt_detected, damages=True),
     FaultKind("lose_disk", "remote", "SIGKILL the whole node and wipe its local checkpoint disk: the relaunch has "
               "only the remote tier to resume from", NoParams, RemoteNemesis, RemoteNemesis.lose_disk, "#762a83",
               validate=_check_lose_disk, ends_launch=True, loses_disk=True),
