@@ -213,6 +213,7 @@ class Trainer:
 
     def optimizer_step(self) -> dict:
         ts, cfg, p = self.ts, self.cfg, self.ts.progress
+        self.ckpt.wait_staged()  # the step changes tensors that an async save may still be copying
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(ts.model.parameters(), max_norm)
         norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
