@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from concurrent import futures
 from concurrent.futures import Future
@@ -46,7 +47,7 @@ from ckpt_chaos import probe
 from ckpt_chaos.probe.layout import (  # noqa: F401  (re-exported: the directory layout is part of this module's API)
     MANIFEST, LATEST, TMP_PREFIX, TRASH_PREFIX, REJECTED, FORMAT, CHECKSUMS,
     ResumeChoice, checkpoint_name, checksum_file, choose_resume, describe, fsync_path, list_checkpoints,
-    parse_name, quarantine, read_manifest, remove_tree, validate, write_durably,
+    discard, parse_name, quarantine, read_manifest, remove_tree, validate, write_durably,
 )
 from .state import TrainState, checkpoint_state, component_digests
 
@@ -202,6 +203,7 @@ class CheckpointManager:
         self.async_group = async_group
         self.pending: _Pending | None = None
         self.stager: DefaultStager | None = None  # async saves: its staging buffers are reused
+        self.deleter: threading.Thread | None = None  # rank 0: deletes what retention discarded
         self.last_saved: tuple[int, int] | None = None  # position of the newest committed save
         self.uploads = None  # the remote tier's uploader (rank 0, when remote_url is set)
         if cfg.remote_url and rank == 0:
@@ -392,8 +394,14 @@ class CheckpointManager:
         """End of training: give the uploader up to ``drain_s`` to make the last checkpoint durable."""
         if self.stager is not None:
             self.stager.close()
+        self._join_deleter()
         if self.uploads is not None:
             self.uploads.close(drain_s)
+
+    def _join_deleter(self) -> None:
+        if self.deleter is not None:
+            self.deleter.join()
+            self.deleter = None
 
     def apply_retention(self) -> None:
         """Rank 0, after a commit: keep the last K, the milestones and the best; delete the rest."""
@@ -412,11 +420,15 @@ class CheckpointManager:
                     losses[c] = loss
             if losses:
                 keep.add(min(losses, key=losses.get))
-        deleted = []
-        for c in ckpts:
-            if c not in keep:
-                remove_tree(c)
-                deleted.append(c.name)
+        deleted = [c for c in ckpts if c not in keep]
+        trash = [discard(c) for c in deleted]
+        # Renamed to trash, a checkpoint is gone from the layout for good; freeing its blocks takes
+        # a large checkpoint's unlink a while, which training need not wait for.
+        self._join_deleter()
+        self.deleter = threading.Thread(target=lambda: [shutil.rmtree(t, ignore_errors=True) for t in trash],
+                                        name="retention", daemon=True)
+        self.deleter.start()
+        deleted = [c.name for c in deleted]
         probe.point("ckpt.retention", deleted=deleted)
         if deleted:
             self.log("retention", deleted=deleted, kept=sorted(k.name for k in keep))
