@@ -9,10 +9,11 @@ Layout of the checkpoint directory::
     .trash-step_00000010/   a checkpoint being deleted by retention (removed on start)
     rejected/step_00000030/ a checkpoint that failed validation, kept for post-mortem
 
-A save goes: DCP writes every rank's shard into ``.tmp-<name>`` and rank 0 writes ``.metadata``;
-rank 0 then fsyncs every file and the directory, writes ``manifest.json`` (file list, sizes,
-SHA-256, step, world size, config hash) and fsyncs it, renames the directory to ``<name>``,
-fsyncs the parent, and only then moves ``latest`` (temporary file, fsync, rename, fsync).
+A save goes: DCP writes every rank's shard into ``.tmp-<name>``, fsyncing each file, while the
+rank hashes it (XXH3-128); rank 0 gathers the checksums with DCP's write results and writes
+``.metadata`` (fsynced too); rank 0 then fsyncs the directory, writes ``manifest.json`` (file list,
+sizes, checksums, step, world size, config hash) and fsyncs it, renames the directory to
+``<name>``, fsyncs the parent, and only then moves ``latest`` (temporary file, fsync, rename, fsync).
 A crash at any instant leaves the old or the new checkpoint as the newest valid one: a name
 ``step_*`` exists only after its manifest is durable, and the resume choice trusts nothing
 that does not validate.
