@@ -2,7 +2,7 @@
 training stall that background uploads cause.
 
 * Upload throughput: the trainer's own upload path (``RemoteStore.put_file``: Content-MD5,
-  SHA-256 metadata) puts a checkpoint-sized set of files (10.7 MB in 3 objects, the sizes of the
+  checksum metadata) puts a checkpoint-sized set of files (10.7 MB in 3 objects, the sizes of the
   d_model 128 / 4-layer checkpoint of ``storage_stall.py``) to moto's S3 server directly and
   through the fault proxy with no toxic, alternating, ``--uploads`` times per round.
 * Training stall: the reference trainer (2 ranks, torchrun, 16 steps, a 10.7 MB checkpoint every
@@ -17,7 +17,6 @@ Every figure is a median over ``--rounds`` rounds; ratios are taken within the s
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ckpt_chaos.check.history import trainer_events, trajectory_records  # noqa: E402
 from ckpt_chaos.env.launcher import run_to_end  # noqa: E402
 from ckpt_chaos.env.objectstore import RemoteTier  # noqa: E402
+from ckpt_chaos.probe.layout import checksum_file  # noqa: E402
 from ckpt_chaos.run.runner import trainer_args  # noqa: E402
 from reference_trainer.remote import RemoteStore  # noqa: E402
 
@@ -45,13 +45,13 @@ def upload_round(tier: RemoteTier, src: Path, uploads: int, round_no: int) -> di
     total = sum(FILES.values())
     stores = {"direct": RemoteStore(tier.url, tier.s3.endpoint), "proxy": RemoteStore(tier.url, tier.endpoint)}
     seconds = {k: [] for k in stores}
-    sha = {f: hashlib.sha256((src / f).read_bytes()).hexdigest() for f in FILES}
+    checksums = {f: checksum_file(src / f) for f in FILES}
     for i in range(uploads):
         for how, store in stores.items():
             name = f"step_{round_no * 1000 + i:08d}"
             started = time.perf_counter()
             for f in FILES:
-                store.put_file(name, src / f, sha[f])
+                store.put_file(name, src / f, checksums[f])
             seconds[how].append(time.perf_counter() - started)
             store.delete(name, list(FILES))
     return {how: total / 1e6 / statistics.median(s) for how, s in seconds.items()}

@@ -221,21 +221,52 @@ def _pct(v, digits: int = 1) -> str:
     return "" if v is None else f"{100 * v:.{digits}f} %"
 
 
+_PHASES = [("state_s", "state dict"), ("plan_s", "DCP planning"), ("write_data.serialize_s", "serialization"),
+           ("write_data.write_s", "writes"), ("write_data.checksum_s", "checksums"), ("write_data.fsync_s", "fsyncs"),
+           ("gather_s", "waiting for the peers"), ("metadata_s", "DCP metadata"), ("commit_s", "commit")]
+
+
 def overhead_md(d: dict) -> str:
-    rows = []
+    rows, speed, phases = [], [], []
     for name, s in d["sizes"].items():
         c = s.get("config", {})
-        rows.append([f"{name} (d {c.get('d_model')}, {c.get('n_layers')} layers)", _f(s["checkpoint_mb"], 1, " MB"),
+        model = f"{name} (d {c.get('d_model')}, {c.get('n_layers')} layers)"
+        rows.append([model, _f(s["checkpoint_mb"], 1, " MB"),
                      _f(s["step_s_no_ckpt"], 3, " s"), f"{_f(s['stall_sync_s'])} s / {_f(s['stall_async_s'])} s",
                      _f(s["save_mb_s"], 1, " MB/s"), _f(s["fsync_write_mb_s"], 0, " MB/s"),
                      _pct(s["save_fraction_of_fsync_bw"]), _f(s["load_s"], 2, " s"), _f(s["restart_s"], 1, " s"),
                      f"× {s['loop_overhead_sync']:.2f}"])
-    return (f"`python benchmarks/checkpoint_overhead.py --rounds {d['rounds']}` ({d['machine']['cpus']} CPUs, "
-            f"Python {d['machine']['python']}): 2 ranks, a save every 2 steps on the host's file system, medians "
-            f"of {d['rounds']} rounds.\n\n" +
-            _md(["model", "checkpoint", "step", "stall per save, sync / async", "save throughput",
-                 "fsynced write, same fs", "save / fsync rate", "load", "restart (launch to 1st new step)",
-                 "loop time per step, saves every 2 steps / none"], rows))
+        if "cold_read_s" not in s:
+            continue
+        speed.append([model, f"{_f(s['save_total_s'])} s / {_f(s['fsync_write_s'])} s",
+                      _pct(s["save_fraction_of_fsync_bw"]),
+                      f"{_f(s['stall_async_first_s'])} s / {_f(s['stall_async_s'])} s",
+                      f"{_pct(s['async_first_stall_fraction_of_sync_save'])} / "
+                      f"{_pct(s['async_stall_fraction_of_sync_save'])}",
+                      f"{_f(s['validate_s'])} s + {_f(s['load_s'])} s / {_f(s['cold_read_s'])} s",
+                      _pct(s["load_fraction_of_cold_read_bw"])])
+        total = s["save_total_s"]
+        phases.append([model, _f(total, 3, " s")] + [f"{_f(s['save_phases_s'].get(k, 0.0))} s" for k, _ in _PHASES])
+    out = (f"`python benchmarks/checkpoint_overhead.py --rounds {d['rounds']}` ({d['machine']['cpus']} CPUs, "
+           f"Python {d['machine']['python']}): 2 ranks, a save every 2 steps on the host's file system, no state "
+           f"digests, medians of {d['rounds']} rounds.\n\n" +
+           _md(["model", "checkpoint", "step", "stall per save, sync / async", "save throughput",
+                "fsynced write, same fs", "save / fsync rate", "load", "restart (launch to 1st new step)",
+                "loop time per step, saves every 2 steps / none"], rows))
+    if speed:
+        out += ("\nAgainst the disk, each ratio taken within a round (median of rounds): a synchronous save against "
+                "a file of the same size written and fsynced in the same round; the async stall (first save, median "
+                "of saves) against the synchronous save; the resume's reading of the checkpoint from a cold page "
+                "cache (validation, every file hashed, then `dcp.load`) against a cold sequential read of a file of "
+                "the same size, both evicted with `posix_fadvise(DONTNEED)` after their fsync.\n\n" +
+                _md(["model", "sync save / fsynced write", "save rate / fsync rate", "async stall, first / median",
+                     "async stall / sync save, first / median", "validate + load / cold read",
+                     "load rate / cold read rate"], speed))
+        out += ("\nWhere a synchronous save's time goes, on rank 0 (the `saved` event's phases, medians): writes, "
+                "checksums and serialization are in DCP's `write_data`; fsyncs: from a file's last write to its "
+                "close; waiting for the peers: from rank 0's last write to the end of the slowest rank's.\n\n" +
+                _md(["model", "save"] + [label for _, label in _PHASES], phases))
+    return out
 
 
 def soak_md(d: dict) -> str:

@@ -9,10 +9,11 @@ Layout of the checkpoint directory::
     .trash-step_00000010/   a checkpoint being deleted by retention (removed on start)
     rejected/step_00000030/ a checkpoint that failed validation, kept for post-mortem
 
-A save goes: DCP writes every rank's shard into ``.tmp-<name>`` and rank 0 writes ``.metadata``;
-rank 0 then fsyncs every file and the directory, writes ``manifest.json`` (file list, sizes,
-SHA-256, step, world size, config hash) and fsyncs it, renames the directory to ``<name>``,
-fsyncs the parent, and only then moves ``latest`` (temporary file, fsync, rename, fsync).
+A save goes: DCP writes every rank's shard into ``.tmp-<name>``, fsyncing each file, while the
+rank hashes it (XXH3-128); rank 0 gathers the checksums with DCP's write results and writes
+``.metadata`` (fsynced too); rank 0 then fsyncs the directory, writes ``manifest.json`` (file list,
+sizes, checksums, step, world size, config hash) and fsyncs it, renames the directory to
+``<name>``, fsyncs the parent, and only then moves ``latest`` (temporary file, fsync, rename, fsync).
 A crash at any instant leaves the old or the new checkpoint as the newest valid one: a name
 ``step_*`` exists only after its manifest is durable, and the resume choice trusts nothing
 that does not validate.
@@ -23,7 +24,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
+from concurrent import futures
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,14 +38,17 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.utils.serialization import config as serialization_config
 
 from ckpt_chaos import probe
 
 from ckpt_chaos.probe.layout import (  # noqa: F401  (re-exported: the directory layout is part of this module's API)
-    MANIFEST, LATEST, TMP_PREFIX, TRASH_PREFIX, REJECTED, FORMAT,
-    ResumeChoice, checkpoint_name, choose_resume, describe, fsync_path, list_checkpoints,
-    parse_name, quarantine, read_manifest, remove_tree, sha256_file, validate,
-    write_durably,
+    MANIFEST, LATEST, TMP_PREFIX, TRASH_PREFIX, REJECTED, FORMAT, CHECKSUMS,
+    ResumeChoice, checkpoint_name, checksum_file, choose_resume, describe, fsync_path, list_checkpoints,
+    discard, parse_name, quarantine, read_manifest, remove_tree, validate, write_durably,
 )
 from .state import TrainState, checkpoint_state, component_digests
 
@@ -51,20 +57,30 @@ class SaveFailed(RuntimeError):
     """A save failed and the trainer's policy is to stop."""
 
 
-# ---- writing with probe points ----------------------------------------------------------------
+# ---- writing: checksums and probe points ------------------------------------------------------
 
-class _ProbedStream:
-    """A file stream that reports each tenth of the planned shard bytes to the probe."""
+class _HashingStream:
+    """A file stream that hashes what is written through it, times the writes, and reports each
+    tenth of the planned shard bytes to the probe."""
 
-    def __init__(self, raw, name: str, planned: int):
-        self._raw, self._name, self._planned = raw, name, max(planned, 1)
-        self._written, self._next_tenth = 0, 1
+    def __init__(self, raw, name: str, planned: int, probed: bool):
+        self._raw, self._name, self._planned, self._probed = raw, name, max(planned, 1), probed
+        self.hash = CHECKSUMS[FORMAT].new()
+        self.size, self._next_tenth = 0, 1
+        self.write_s = self.checksum_s = 0.0
+        self.last_write = time.perf_counter()
 
     def write(self, data) -> int:
+        t0 = time.perf_counter()
         n = self._raw.write(data)
-        self._written += len(data)
-        while self._next_tenth <= 10 and self._written * 10 >= self._planned * self._next_tenth:
-            probe.point("ckpt.shard.write", file=self._name, bytes=self._written,
+        t1 = time.perf_counter()
+        self.hash.update(data)
+        self.last_write = time.perf_counter()
+        self.write_s += t1 - t0
+        self.checksum_s += self.last_write - t1
+        self.size += n
+        while self._probed and self._next_tenth <= 10 and self.size * 10 >= self._planned * self._next_tenth:
+            probe.point("ckpt.shard.write", file=self._name, bytes=self.size,
                         planned=self._planned, fraction=self._next_tenth / 10)
             self._next_tenth += 1
         return n
@@ -73,10 +89,14 @@ class _ProbedStream:
         return getattr(self._raw, item)
 
 
-class _ProbedFileSystem(FileSystem):
+class _HashingFileSystem(FileSystem):
+    """DCP's file system, keeping the size and checksum of every file written through it."""
+
     def __init__(self, planned: int):
         super().__init__()
         self.planned = planned
+        self.files: dict[str, dict] = {}  # name -> manifest entry
+        self.times = {"write_s": 0.0, "checksum_s": 0.0, "fsync_s": 0.0}
 
     @contextmanager
     def create_stream(self, path, mode):
@@ -84,15 +104,43 @@ class _ProbedFileSystem(FileSystem):
             if "w" not in mode:
                 yield raw
                 return
-            yield _ProbedStream(raw, Path(path).name, self.planned)
-        if "w" in mode:
-            probe.point("ckpt.shard.done", file=Path(path).name, bytes=Path(path).stat().st_size)
+            stream = _HashingStream(raw, Path(path).name, self.planned, probe.active())
+            yield stream
+            # DCP fsyncs and closes the file after its last write, inside this block.
+            self.times["fsync_s"] += time.perf_counter() - stream.last_write
+        self.times["write_s"] += stream.write_s
+        self.times["checksum_s"] += stream.checksum_s
+        self.files[Path(path).name] = {"size": stream.size, CHECKSUMS[FORMAT].key: stream.hash.hexdigest()}
+        probe.point("ckpt.shard.done", file=Path(path).name, bytes=Path(path).stat().st_size)
+
+    def rename(self, path, new_path) -> None:
+        super().rename(path, new_path)
+        if Path(path).name in self.files:
+            self.files[Path(new_path).name] = self.files.pop(Path(path).name)
+
+
+# The key under which each rank's file entries ride to rank 0 in the write results DCP gathers
+# for ``finish`` anyway; ``finish`` takes them out before DCP writes its metadata.
+_FILES_KEY = "__reference_trainer_files__"
 
 
 class ProbedWriter(FileSystemWriter):
-    """DCP's FileSystemWriter, reporting shard progress and the metadata write to the probe."""
+    """DCP's FileSystemWriter; each rank hashes its files as it writes them (no second read, all
+    ranks at once) and rank 0's ``finish`` collects every file's size and checksum in ``files``.
+    Reports shard progress and the metadata write to the probe, and times the save's phases."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.files: dict[str, dict] | None = None  # rank 0, after finish: the manifest's file entries
+        self.phases: dict[str, float] = {}
+        self._marks: dict[str, float] = {}
+
+    def set_up_storage_writer(self, *args, **kwargs) -> None:
+        self._marks["plan"] = time.perf_counter()
+        super().set_up_storage_writer(*args, **kwargs)
 
     def write_data(self, plan, planner):
+        started = time.perf_counter()
         planned = 0
         for item in plan.items:
             if item.tensor_data is not None:
@@ -100,11 +148,33 @@ class ProbedWriter(FileSystemWriter):
                 for s in item.tensor_data.chunk.sizes:
                     numel *= s
                 planned += numel * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
-        self.fs = _ProbedFileSystem(planned)
-        return super().write_data(plan, planner)
+        self.fs = _HashingFileSystem(planned)
+        # torch.save's CRC32 of each record is the serialization's slowest part and adds nothing:
+        # the file checksum covers every byte and is validated before any load.
+        with serialization_config.patch({"save.compute_crc32": False}):
+            results = super().write_data(plan, planner).wait()
+        self._marks["written"] = time.perf_counter()
+        times = self.fs.times
+        self.phases.update(plan_s=started - self._marks["plan"], write_data_s=self._marks["written"] - started,
+                           **{f"write_data.{k}": v for k, v in times.items()})
+        self.phases["write_data.serialize_s"] = self.phases["write_data_s"] - sum(times.values())
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(results + [WriteResult(index=MetadataIndex(_FILES_KEY), size_in_bytes=0,
+                                               storage_data=dict(self.fs.files))])
+        return done
 
     def finish(self, metadata, results) -> None:
-        super().finish(metadata, results)
+        started = time.perf_counter()
+        files: dict[str, dict] = {}
+        kept = []
+        for rank_results in results:
+            kept.append([r for r in rank_results if r.index.fqn != _FILES_KEY])
+            for r in rank_results:
+                if r.index.fqn == _FILES_KEY:
+                    files.update(r.storage_data)
+        super().finish(metadata, kept)
+        self.files = {**files, **self.fs.files}
+        self.phases.update(gather_s=started - self._marks["written"], metadata_s=time.perf_counter() - started)
         probe.point("ckpt.metadata", path=str(self.path))
 
 
@@ -113,12 +183,15 @@ class ProbedWriter(FileSystemWriter):
 @dataclass
 class _Pending:
     future: Future
+    staged: Future | None  # done once the state is copied: training may change it from then on
+    writer: ProbedWriter
     name: str
     progress: dict
     loss: float | None
     digests: dict | None
     started: float
     stall_s: float
+    phases: dict
 
 
 class CheckpointManager:
@@ -130,6 +203,8 @@ class CheckpointManager:
         self.root = cfg.checkpoint_dir
         self.async_group = async_group
         self.pending: _Pending | None = None
+        self.stager: DefaultStager | None = None  # async saves: its staging buffers are reused
+        self.deleter: threading.Thread | None = None  # rank 0: deletes what retention discarded
         self.last_saved: tuple[int, int] | None = None  # position of the newest committed save
         self.uploads = None  # the remote tier's uploader (rank 0, when remote_url is set)
         if cfg.remote_url and rank == 0:
@@ -176,25 +251,38 @@ class CheckpointManager:
 
     def save(self, ts: TrainState, reason: str, loss: float | None = None, blocking: bool | None = None) -> bool:
         """Save the current position (collective). Returns False if the save failed."""
-        # The stall is everything training waits for: a previous async save, the digests, staging.
+        # The stall is everything training waits for: a previous async save, the digests, the
+        # state dict, and for a synchronous save the write and the commit (for an async save,
+        # ``wait_staged`` adds the wait for the copy before the next step).
         started = time.perf_counter()
         self.wait()  # never two saves in flight
+        waited = time.perf_counter()
         p = ts.progress
         name = checkpoint_name(p.step, p.micro)
         use_async = self.cfg.async_save if blocking is None else not blocking
         digests = component_digests(ts) if self.cfg.record_digests else None
         probe.point("ckpt.stage", name=name, step=p.step, micro=p.micro, reason=reason, asynchronous=use_async)
-        tmp = self.root / (TMP_PREFIX + name)
-        writer = ProbedWriter(tmp) if probe.active() else FileSystemWriter(tmp)
+        writer = ProbedWriter(self.root / (TMP_PREFIX + name))
         state = checkpoint_state(ts)
+        phases = {"wait_previous_s": waited - started, "state_s": time.perf_counter() - waited}
         progress = {"step": p.step, "micro": p.micro, "tokens_seen": p.tokens_seen}
         if use_async:
+            if self.stager is None:
+                # The copy runs on a thread of its own (the DCP default copies on the caller's);
+                # the stager keeps its buffers, so later saves copy without allocating.
+                self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                                           use_async_staging=True, use_non_blocking_copy=False))
             try:
-                future = dcp.async_save(state, storage_writer=writer, process_group=self.async_group)
-            except (Exception, CheckpointException) as e:  # staging failed: nothing in flight
+                response = dcp.async_save(state, storage_writer=writer, process_group=self.async_group,
+                                          async_stager=self.stager)
+            except (Exception, CheckpointException) as e:  # nothing in flight
                 return self._failed(name, reason, e)
+            staging = time.perf_counter()
+            response.staging_completion.add_done_callback(
+                lambda _: phases.__setitem__("stage_s", time.perf_counter() - staging))
             stall = time.perf_counter() - started
-            self.pending = _Pending(future, name, progress, loss, digests, started, stall)
+            self.pending = _Pending(response.upload_completion, response.staging_completion, writer, name, progress,
+                                    loss, digests, started, stall, phases)
             self.log("save_started", name=name, reason=reason, asynchronous=True, stall_s=stall)
             return True
         error: BaseException | None = None
@@ -204,7 +292,7 @@ class CheckpointManager:
             error = e
         if self.rank == 0 and error is None:
             try:
-                self._commit(name, progress, loss, digests)
+                phases["commit_s"] = self._commit(name, writer.files, progress, loss, digests)
             except Exception as e:
                 error = e
         # Every rank learns the outcome, so no rank runs ahead believing in a failed save.
@@ -215,8 +303,17 @@ class CheckpointManager:
             return self._failed(name, reason, box[0])
         self.last_saved = (p.step, p.micro)
         self.log("saved", name=name, reason=reason, asynchronous=False, stall_s=total, total_s=total,
-                 digests=digests)
+                 digests=digests, phases={**phases, **writer.phases})
         return True
+
+    def wait_staged(self) -> None:
+        """Block until the async save in flight has copied the state; call before changing it."""
+        pending = self.pending
+        if pending is not None and pending.staged is not None and not pending.staged.done():
+            started = time.perf_counter()
+            futures.wait([pending.staged])  # a staging error surfaces from the save's own future
+            pending.stall_s += time.perf_counter() - started
+            pending.phases["wait_staged_s"] = time.perf_counter() - started
 
     def poll(self) -> None:
         """Commit a finished async save; never blocks."""
@@ -233,14 +330,15 @@ class CheckpointManager:
         try:
             pending.future.result()
             if self.rank == 0:
-                self._commit(pending.name, pending.progress, pending.loss, pending.digests)
+                pending.phases["commit_s"] = self._commit(pending.name, pending.writer.files, pending.progress,
+                                                          pending.loss, pending.digests)
         except (Exception, CheckpointException) as e:
             self._failed(pending.name, "async", e)
             return
         total = time.perf_counter() - pending.started
         self.last_saved = (pending.progress["step"], pending.progress["micro"])
         self.log("saved", name=pending.name, reason="async", asynchronous=True, stall_s=pending.stall_s,
-                 total_s=total, digests=pending.digests)
+                 total_s=total, digests=pending.digests, phases={**pending.phases, **pending.writer.phases})
         probe.point("ckpt.async.done", name=pending.name)
 
     def _failed(self, name: str, reason: str, error) -> bool:
@@ -253,20 +351,29 @@ class CheckpointManager:
             raise SaveFailed(f"checkpoint {name} failed: {error}")
         return False
 
-    def _commit(self, name: str, progress: dict, loss: float | None, digests: dict | None) -> None:
-        """Rank 0: make the written checkpoint durable, then visible, then the newest."""
+    def _commit(self, name: str, written: dict[str, dict] | None, progress: dict, loss: float | None,
+                digests: dict | None) -> float:
+        """Rank 0: make the written checkpoint durable, then visible, then the newest. ``written``:
+        the size and checksum of each file as the ranks wrote it. Returns the seconds it took."""
+        started = time.perf_counter()
         tmp = self.root / (TMP_PREFIX + name)
-        files = sorted(p for p in tmp.iterdir() if p.is_file())
-        for f in files:
-            fsync_path(f)
+        files = {}
+        for f in sorted(p for p in tmp.iterdir() if p.is_file()):
+            size = f.stat().st_size
+            entry = (written or {}).get(f.name)
+            if entry is None:  # not written by DCP through the writer: the manifest describes it as it is
+                entry = {"size": size, CHECKSUMS[FORMAT].key: checksum_file(f)}
+            elif entry["size"] != size:
+                raise RuntimeError(f"{f.name} has {size} bytes on disk, {entry['size']} were written")
+            files[f.name] = entry
+        # DCP fsynced each file's data as it wrote it (sync_files); the names are in the directory.
         fsync_path(tmp)
         probe.point("ckpt.fsync", name=name, files=len(files))
         manifest = {
             "format": FORMAT, "step": progress["step"], "micro": progress["micro"],
             "tokens_seen": progress["tokens_seen"], "world_size": self.world_size,
             "config_hash": self.cfg.trajectory_hash(), "config": self.cfg.to_dict(),
-            "loss": loss, "digests": digests, "created": time.time(),
-            "files": {f.name: {"size": f.stat().st_size, "sha256": sha256_file(f)} for f in files},
+            "loss": loss, "digests": digests, "created": time.time(), "files": files,
         }
         write_durably(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         probe.point("ckpt.manifest", name=name)
@@ -283,11 +390,20 @@ class CheckpointManager:
         self.apply_retention()
         if self.uploads is not None:
             self.uploads.submit(name)
+        return time.perf_counter() - started
 
     def close(self, drain_s: float) -> None:
         """End of training: give the uploader up to ``drain_s`` to make the last checkpoint durable."""
+        if self.stager is not None:
+            self.stager.close()
+        self._join_deleter()
         if self.uploads is not None:
             self.uploads.close(drain_s)
+
+    def _join_deleter(self) -> None:
+        if self.deleter is not None:
+            self.deleter.join()
+            self.deleter = None
 
     def apply_retention(self) -> None:
         """Rank 0, after a commit: keep the last K, the milestones and the best; delete the rest."""
@@ -306,11 +422,15 @@ class CheckpointManager:
                     losses[c] = loss
             if losses:
                 keep.add(min(losses, key=losses.get))
-        deleted = []
-        for c in ckpts:
-            if c not in keep:
-                remove_tree(c)
-                deleted.append(c.name)
+        deleted = [c for c in ckpts if c not in keep]
+        trash = [discard(c) for c in deleted]
+        # Renamed to trash, a checkpoint is gone from the layout for good; freeing its blocks takes
+        # a large checkpoint's unlink a while, which training need not wait for.
+        self._join_deleter()
+        self.deleter = threading.Thread(target=lambda: [shutil.rmtree(t, ignore_errors=True) for t in trash],
+                                        name="retention", daemon=True)
+        self.deleter.start()
+        deleted = [c.name for c in deleted]
         probe.point("ckpt.retention", deleted=deleted)
         if deleted:
             self.log("retention", deleted=deleted, kept=sorted(k.name for k in keep))

@@ -6,8 +6,8 @@ write: the training loop never waits for the network). The uploader copies the c
 ``s3://bucket/prefix/<name>/`` and makes it *durable* in a fixed order:
 
 1. every file of the local manifest is put (``Content-MD5`` lets the server reject a corrupted
-   body; the SHA-256 of the manifest rides along as object metadata);
-2. every object is checked against the manifest (size and SHA-256);
+   body; the file's checksum from the manifest rides along as object metadata);
+2. every object is checked against the manifest (size and checksum);
 3. only then ``manifest.json`` is put. A remote checkpoint is durable iff its manifest exists:
    a cut link, a killed uploader or a full bucket leave objects without a manifest, which nothing
    ever restores and the next uploader deletes.
@@ -22,7 +22,7 @@ Remote retention keeps the newest ``remote_keep_last`` durable checkpoints.
 
 On start, rank 0 compares the newest valid local checkpoint with the newest durable remote one
 and, when the remote one is newer (a node that lost its disk), downloads it into
-``.tmp-<name>``, validates it like any local checkpoint (sizes and SHA-256 from its manifest) and
+``.tmp-<name>``, validates it like any local checkpoint (sizes and checksums from its manifest) and
 commits it locally before the usual load.
 
 The code speaks plain S3 through boto3 and knows nothing of the server: ``remote_endpoint``
@@ -131,16 +131,16 @@ class RemoteStore:
         names = [n for n, files in self.objects().items() if ck.MANIFEST in files]
         return sorted(names, key=ck.parse_name, reverse=True)
 
-    def put_file(self, name: str, path: Path, sha256: str) -> None:
+    def put_file(self, name: str, path: Path, checksum: str) -> None:
         size = path.stat().st_size
         with open(path, "rb") as f:
             self.s3.put_object(Bucket=self.bucket, Key=self.key(name, path.name),
                                Body=_ProgressReader(f, name, path.name, size), ContentLength=size,
-                               ContentMD5=_md5_b64(path), Metadata={"sha256": sha256})
+                               ContentMD5=_md5_b64(path), Metadata={"checksum": checksum})
         probe.point("upload.object", name=name, file=path.name, bytes=size)
 
-    def matches(self, name: str, file: str, want: dict) -> str | None:
-        """None if the object is there with the manifest's size and SHA-256; else what is wrong."""
+    def matches(self, name: str, file: str, size: int, checksum: str) -> str | None:
+        """None if the object is there with the manifest's size and checksum; else what is wrong."""
         from botocore.exceptions import ClientError
 
         try:
@@ -149,15 +149,15 @@ class RemoteStore:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return f"{file} is missing"
             raise
-        if head["ContentLength"] != want["size"]:
-            return f"{file} has {head['ContentLength']} bytes, manifest says {want['size']}"
-        if head.get("Metadata", {}).get("sha256") != want["sha256"]:
-            return f"{file} was uploaded with another SHA-256"
+        if head["ContentLength"] != size:
+            return f"{file} has {head['ContentLength']} bytes, manifest says {size}"
+        if head.get("Metadata", {}).get("checksum") != checksum:
+            return f"{file} was uploaded with another checksum"
         return None
 
     def verify(self, name: str, manifest: dict) -> str | None:
-        for file, want in manifest["files"].items():
-            reason = self.matches(name, file, want)
+        for file, (size, checksum) in ck.file_checksums(manifest).items():
+            reason = self.matches(name, file, size, checksum)
             if reason:
                 return reason
         return None
@@ -404,11 +404,11 @@ class Uploader:
         return False
 
     def _put_all(self, name: str, path: Path, manifest: dict) -> None:
-        for file, want in sorted(manifest["files"].items()):
+        for file, (size, checksum) in sorted(ck.file_checksums(manifest).items()):
             # An object that already matches (an earlier attempt got it through) is not sent again.
-            if self.store.matches(name, file, want) is None:
+            if self.store.matches(name, file, size, checksum) is None:
                 continue
-            self.store.put_file(name, path / file, want["sha256"])
+            self.store.put_file(name, path / file, checksum)
 
     def retention(self) -> None:
         """Keep the newest ``remote_keep_last`` durable checkpoints; delete older ones and the garbage

@@ -169,7 +169,9 @@ class Trainer:
     # -- resume ------------------------------------------------------------------------------------
 
     def resume(self) -> None:
+        started = time.perf_counter()
         choice = self.ckpt.choose()
+        choose_s = time.perf_counter() - started  # mostly validation: every file read and hashed
         if choice.path is None:
             self.log("fresh_start", rejected=choice.rejected)
             return
@@ -190,7 +192,7 @@ class Trainer:
         digests = component_digests(self.ts) if self.cfg.record_digests else None
         self.step_loss = torch.tensor(self.ts.progress.partial_loss, dtype=torch.float32)
         self.log("loaded", name=choice.path.name, step=manifest["step"], micro=manifest["micro"],
-                 saved_world_size=manifest["world_size"], load_s=load_s, digests=digests,
+                 saved_world_size=manifest["world_size"], choose_s=choose_s, load_s=load_s, digests=digests,
                  saved_digests=manifest.get("digests"), rejected=choice.rejected, latest_hint=choice.latest_hint)
         probe.point("load.end", name=choice.path.name, step=manifest["step"], micro=manifest["micro"])
 
@@ -213,6 +215,7 @@ class Trainer:
 
     def optimizer_step(self) -> dict:
         ts, cfg, p = self.ts, self.cfg, self.ts.progress
+        self.ckpt.wait_staged()  # the step changes tensors that an async save may still be copying
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(ts.model.parameters(), max_norm)
         norm = norm.full_tensor() if isinstance(norm, DTensor) else norm

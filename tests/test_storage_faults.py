@@ -233,7 +233,7 @@ def test_loader_trusting_the_newest_directory_is_caught(tmp_path, golden_root):
     bad = run_planted(tmp_path, golden_root, "corrupt-bitflip-in-shard.toml", "tests.planted.loader_trusts_newest")
     detail = bad["never_loaded_torn@1"]
     assert "launch 1 loaded step_00000008 although it was not a valid checkpoint" in detail
-    assert "__0_0.distcp fails its SHA-256 checksum" in detail
+    assert "__0_0.distcp fails its XXH3-128 checksum" in detail
     assert "after corrupt (flip __0_0.distcp: 8 bits flipped" in detail
     assert "did not reject it; it resumed from step_00000008" in bad["fault_0_detected"]
 

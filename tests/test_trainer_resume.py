@@ -151,7 +151,7 @@ def test_damaged_newest_checkpoint_is_rejected_and_the_older_one_used(golden, tm
     (load,) = trainer_events(tmp_path, "loaded")
     assert load["name"] == "step_00000004"
     (name, reason), = load["rejected"]
-    expected = {"flip_byte": "fails its SHA-256 checksum", "missing_shard": "__1_0.distcp is missing",
+    expected = {"flip_byte": "fails its XXH3-128 checksum", "missing_shard": "__1_0.distcp is missing",
                 "missing_manifest": "manifest.json is missing"}[damage]
     assert name == "step_00000008" and expected in reason
     rejected = list((tmp_path / "checkpoints" / "rejected").iterdir())

@@ -12,7 +12,7 @@ endpoint instead of starting a server; each run then writes under its own prefix
 
 ``snapshot`` is the checker's evidence: every checkpoint under the run's prefix, whether it is
 durable (its ``manifest.json`` exists) and, for a durable one, whether every object the manifest
-lists is there with the right size and SHA-256, downloaded and hashed by the harness itself.
+lists is there with the right size and checksum, downloaded and hashed by the harness itself.
 
 Every process started here (the S3 server, the rendezvous store) carries the harness's pid in
 ``CKPT_CHAOS_OBJECTSTORE_OWNER`` and every proxy route its pid in its name, so ``remove_leftovers``
@@ -21,7 +21,6 @@ can clear what a harness that died without cleaning up left behind (children nor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -38,6 +37,7 @@ import psutil
 
 from ckpt_chaos.env.launcher import _term_when_parent_dies
 from ckpt_chaos.extras import missing_extra
+from ckpt_chaos.probe.layout import CHECKSUMS
 from toxiproxy_server import ENV_URL, connect, free_port
 
 ENV_ENDPOINT = "CKPT_CHAOS_S3_ENDPOINT"
@@ -172,14 +172,18 @@ def _problem(client, bucket: str, key_prefix: str, sizes: dict[str, int]) -> str
         manifest = json.loads(client.get_object(Bucket=bucket, Key=key_prefix + "manifest.json")["Body"].read())
     except ValueError as e:
         return f"manifest.json is unreadable: {e}"
+    checksum = CHECKSUMS.get(manifest.get("format"))
+    if checksum is None:
+        return f"manifest format {manifest.get('format')!r} is not one of {sorted(CHECKSUMS)}"
     for file, want in manifest.get("files", {}).items():
         if file not in sizes:
             return f"{file} is missing"
         if sizes[file] != want["size"]:
             return f"{file} has {sizes[file]} bytes, manifest says {want['size']}"
-        body = client.get_object(Bucket=bucket, Key=key_prefix + file)["Body"].read()
-        if hashlib.sha256(body).hexdigest() != want["sha256"]:
-            return f"{file} fails its SHA-256 checksum"
+        h = checksum.new()
+        h.update(client.get_object(Bucket=bucket, Key=key_prefix + file)["Body"].read())
+        if h.hexdigest() != want.get(checksum.key):
+            return f"{file} fails its {checksum.label} checksum"
     return None
 
 

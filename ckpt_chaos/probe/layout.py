@@ -9,7 +9,7 @@ checkpoints without importing a training stack. It sits beside the probe because
 half of what a trainer shares with the harness.
 
 Contract: ``<root>/step_NNNNNNNN[.MMM]/`` holds the checkpoint's files and ``manifest.json`` (files,
-sizes, SHA-256, step, world size, config hash, format); such a directory exists only once every
+sizes, checksums, step, world size, config hash, format); such a directory exists only once every
 file in it is durable (written in ``.tmp-<name>/`` and renamed); ``<root>/latest`` names the newest
 committed checkpoint; ``rejected/`` holds quarantined ones with the reason.
 """
@@ -22,16 +22,19 @@ import os
 import re
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+import xxhash
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 REJECTED = "rejected"
-FORMAT = 1
+FORMAT = 2
 _NAME = re.compile(r"^step_(\d{8})(?:\.(\d{3}))?$")
 
 
@@ -73,26 +76,57 @@ def write_durably(path: Path, data: bytes) -> None:
     fsync_path(path.parent)
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+@dataclass(frozen=True)
+class Checksum:
+    key: str  # the field of each file's entry in the manifest
+    label: str
+    new: Callable[[], Any]  # a hashlib-style object: update(), hexdigest()
+
+
+# Each file's checksum, by manifest format. Format 2 hashes with XXH3-128: the checksum guards
+# against storage faults (flipped bits, torn or zeroed blocks, truncation), not against an
+# attacker, and XXH3 detects random damage as well as any 128-bit hash (it passes SMHasher's
+# distribution and avalanche tests) at ~10 GB/s a core against SHA-256's ~1 GB/s, so hashing
+# stays far below the disk's time on save and on validation. Format 1 checkpoints (SHA-256) are
+# still validated, so that an upgraded trainer resumes from them.
+CHECKSUMS = {1: Checksum("sha256", "SHA-256", hashlib.sha256),
+             2: Checksum("xxh3_128", "XXH3-128", xxhash.xxh3_128)}
+
+
+def checksum_file(path: Path, fmt: int = FORMAT) -> str:
+    h = CHECKSUMS[fmt].new()
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
+
+
+def discard(path: Path) -> Path:
+    """Take a directory out of the layout durably (renamed to ``.trash-<name>``, which a start-up
+    removes); returns the new path, whose deletion a crash can no longer leave half-done."""
+    trash = path.with_name(TRASH_PREFIX + path.name)
+    os.rename(path, trash)
+    fsync_path(path.parent)
+    return trash
 
 
 def remove_tree(path: Path) -> None:
     """Delete a directory so that a crash midway never leaves a half-deleted ``step_*``."""
-    trash = path.with_name(TRASH_PREFIX + path.name)
-    os.rename(path, trash)
-    fsync_path(path.parent)
-    shutil.rmtree(trash, ignore_errors=True)
+    shutil.rmtree(discard(path), ignore_errors=True)
 
 
 # ---- validation ---------------------------------------------------------------------------
 
 def read_manifest(path: Path) -> dict:
     return json.loads((path / MANIFEST).read_text())
+
+
+def file_checksums(manifest: dict) -> dict[str, tuple[int, str]]:
+    """Each file of a manifest: its size and its checksum (of the manifest format's kind)."""
+    key = CHECKSUMS[manifest["format"]].key
+    return {name: (want["size"], want[key]) for name, want in manifest["files"].items()}
 
 
 def validate(path: Path, verify_checksums: bool = True, name: str | None = None) -> str | None:
@@ -104,22 +138,28 @@ def validate(path: Path, verify_checksums: bool = True, name: str | None = None)
         return "manifest.json is missing"
     except (OSError, ValueError) as e:
         return f"manifest.json is unreadable: {e}"
-    if manifest.get("format") != FORMAT:
-        return f"manifest format {manifest.get('format')!r} is not {FORMAT}"
+    checksum = CHECKSUMS.get(manifest.get("format"))
+    if checksum is None:
+        return f"manifest format {manifest.get('format')!r} is not one of {sorted(CHECKSUMS)}"
     if parse_name(name or path.name) != (manifest.get("step"), manifest.get("micro")):
         return f"manifest says step {manifest.get('step')}.{manifest.get('micro')}, directory is {name or path.name}"
     if ".metadata" not in manifest.get("files", {}):
         return "manifest lists no DCP .metadata file"
     for name, want in manifest["files"].items():
-        f = path / name
         try:
-            size = f.stat().st_size
+            size = (path / name).stat().st_size
         except FileNotFoundError:
             return f"{name} is missing"
         if size != want["size"]:
             return f"{name} has {size} bytes, manifest says {want['size']}"
-        if verify_checksums and sha256_file(f) != want["sha256"]:
-            return f"{name} fails its SHA-256 checksum"
+    if verify_checksums:
+        # One reader per file (a rank's shard each): the disk serves concurrent reads faster.
+        names = list(manifest["files"])
+        with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+            sums = pool.map(lambda n: checksum_file(path / n, manifest["format"]), names)
+            for name, got in zip(names, sums):
+                if got != manifest["files"][name].get(checksum.key):
+                    return f"{name} fails its {checksum.label} checksum"
     return None
 
 
