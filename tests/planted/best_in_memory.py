@@ -2,15 +2,19 @@
 made. After a relaunch the best checkpoint of the earlier launch is just another old one, and the
 first retention of the new process deletes it.
 """
+import inspect
+
 from reference_trainer import checkpoint as ck
 
 _commit = ck.CheckpointManager._commit
 
 
-def _commit_remembering_best(self, name, progress, loss, digests):
+def _commit_remembering_best(self, *args, **kwargs):
+    given = inspect.signature(_commit).bind(self, *args, **kwargs).arguments
+    loss, name = given["loss"], given["name"]
     if loss is not None and loss < getattr(self, "best_seen", (float("inf"), None))[0]:
         self.best_seen = (loss, name)
-    return _commit(self, name, progress, loss, digests)
+    return _commit(self, *args, **kwargs)
 
 
 def _retention_from_memory(self):
