@@ -511,6 +511,38 @@ def _probe_md(d: dict) -> str:
     return out
 
 
+def mutation_md(d: dict) -> str:
+    t = d["totals"]
+    s = d["sample"]
+    rows = [[f"`{f}`", _pct(c["score"]), c["killed"], c["survived"], c["not reached"], c["timeout"], c["error"],
+             c["equivalent"], c["total"]] for f, c in [*d["files"].items(), ("all", t)]]
+    out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): cosmic-ray's mutants "
+           f"of the checkpoint path, each against the default-suite scenarios that reach its line, cheapest first, "
+           f"to the first failure. Mutants: "
+           + (f"those named ({len(s['named'])})" if s.get("named") else
+              f"a sample of {s['limit']} (seed {s['seed']})" if s["limit"] else "all")
+           + f" of the {s['to run'] + s['not reached'] + s['equivalent'] + s['not sampled']} in scope; "
+           f"{d['mutants_run']} run, median {_f(d['median_mutant_s'], 0, ' s')} per mutant, "
+           f"{_f(d['exec_wall_s'] / 60, 0, ' min')} in all. Score = killed / (total - equivalent); "
+           "not reached, timed out and errors count as not killed (docs/mutation.md).\n\n"
+           + _md(["file", "score", "killed", "survived", "not reached", "timed out", "error", "equivalent", "total"],
+                 rows))
+    by = lambda *st: [m for m in d["mutants"] if m["status"] in st]
+    killed = [[f"`{m['file']}:{m['line']}`", m["operator"].removeprefix("core/"), m["scenario"],
+               ", ".join(m["checks"]) or "(the run's reason)", _f(m.get("wall_s"), 0, " s")] for m in by("killed")]
+    if killed:
+        out += "\n## Killed\n\n" + _md(["mutant", "operator", "scenario", "failing checks", "wall"], killed)
+    for title, status in (("Survived", ("survived", "not reached", "timeout", "error")), ("Equivalent", ("equivalent",))):
+        if not by(*status):
+            continue
+        out += f"\n## {title}\n"
+        for m in by(*status):
+            why = m.get("reason") or m["status"] + (f": ran {', '.join(m['ran'])}" if m.get("ran") else "")
+            out += (f"\n`{m['file']}:{m['line']}` {m['operator'].removeprefix('core/')} "
+                    f"(occurrence {m['occurrence']}): {why}\n\n```diff\n{m['diff']}\n```\n")
+    return out
+
+
 TABLES = {
     "probe_layer": ("What the automatic probe layer costs, and where its faults land", _probe_md),
     "launch_phases": ("Where a launch's time goes", _launch_md),
@@ -524,6 +556,7 @@ TABLES = {
     "storage_stall": ("Checkpoint stall on healthy, fault-layered and slow storage", storage_md),
     "explore_order": ("When the search first composes a narrow window", order_md),
     "explore_planted": ("The fault-schedule search against planted bugs", planted_md),
+    "mutation": ("Mutation score of the checkpoint path under the scenarios", mutation_md),
 }
 
 
