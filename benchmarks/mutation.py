@@ -210,16 +210,17 @@ def _deadlines() -> dict[str, float]:
 def make_baseline(work: Path, golden: Path) -> Path:
     """One ``ckpt-chaos run --coverage`` of the default suite from this (pristine) repository; it also
     makes the golden runs the mutants will use."""
-    cmd = [_ckpt_chaos(), "run", "--coverage", "--plots", "none", "--golden-dir", str(golden),
+    cmd = [_tool("ckpt-chaos"), "run", "--coverage", "--plots", "none", "--golden-dir", str(golden),
            "--reports", str(work / "baseline")]
     print(f"baseline: {shlex.join(cmd)}", flush=True)
     subprocess.run(cmd, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "CKPT_CHAOS_GOLDEN_TREE"})
     return work / "baseline" / "default" / "latest"
 
 
-def _ckpt_chaos() -> str:
-    here = Path(sys.executable).parent / "ckpt-chaos"
-    return str(here) if here.exists() else shutil.which("ckpt-chaos") or "ckpt-chaos"
+def _tool(name: str) -> str:
+    """A console script of this interpreter's environment (``ckpt-chaos``, ``cosmic-ray``)."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else shutil.which(name) or name
 
 
 # ---- equivalent mutants -------------------------------------------------------------------------------
@@ -368,7 +369,7 @@ def run_mutant(state: dict) -> dict:
         return {"status": "survived", "detail": NOT_REACHED, "lines": lines}
     reports = Path(state["work"]) / "runs"
     timeout = sum(state["deadlines"].get(n, 300.0) + SLACK_S for n in names)
-    cmd = [_ckpt_chaos(), "run", "-x", "--plots", "none", "--golden-dir", state["golden"],
+    cmd = [_tool("ckpt-chaos"), "run", "-x", "--plots", "none", "--golden-dir", state["golden"],
            "--reports", str(reports), *names]
     env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPT_CHAOS_GOLDEN_TREE": state["pristine"]}
     started = time.monotonic()
@@ -410,8 +411,14 @@ def run_mutant(state: dict) -> dict:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    out = run_mutant(json.loads(Path(args.state).read_text()))
+    state = json.loads(Path(args.state).read_text())
+    out = run_mutant(state)
     print(OUTCOME + json.dumps(out), flush=True)
+    # cosmic-ray keeps the output to itself until the end; the driver shows this file as it grows
+    where = f"{out.get('lines')}" if "lines" in out else ""
+    with open(Path(state["work"]) / "mutants.log", "a") as log:
+        log.write(f"{out['status']:<11} {out.get('wall_s', 0):5.0f}s  lines {where}  "
+                  f"{out.get('scenario') or ', '.join(out.get('ran', []))}\n")
     return 1 if out["status"] == "killed" else 0
 
 
@@ -494,6 +501,61 @@ def _copy_tree(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
+def _exec(cosmic: str, config: Path, session: Path, tree: Path, log: Path, budget: float | None,
+          total: int) -> None:
+    """``cosmic-ray exec`` in the copy (it writes each mutant there and runs the test command there),
+    showing each outcome as it comes; stopped after ``budget`` seconds."""
+    log.write_text("")
+    started = time.monotonic()
+    proc = subprocess.Popen([cosmic, "exec", str(config), str(session)], cwd=tree,
+                            env={**os.environ, "PYTHONSAFEPATH": "1"})
+    shown = 0
+    try:
+        while True:
+            done = proc.poll() is not None
+            lines = log.read_text().splitlines()
+            for i, line in enumerate(lines[shown:], shown + 1):
+                print(f"[{i}/{total}] {line}", flush=True)
+            shown = len(lines)
+            if done:
+                break
+            if budget is not None and time.monotonic() - started > budget:
+                print(f"--budget {budget:.0f}s spent: the mutant running is stopped and left pending", flush=True)
+                _stop_exec(proc)
+                return
+            time.sleep(5)
+    except KeyboardInterrupt:
+        _stop_exec(proc)
+        raise
+    if proc.returncode != 0:
+        raise MutationError(f"cosmic-ray exec {config} {session} exited {proc.returncode}; its output is above")
+
+
+def _stop_exec(proc: subprocess.Popen) -> None:
+    """Stop ``cosmic-ray exec`` between results: cosmic-ray first, so that the mutant running gets no
+    result (it stays pending), then its test command and the harness under it, which stop their
+    jobs on SIGTERM, then whatever is left. Each result already recorded is in the session."""
+    import psutil
+
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    proc.kill()
+    proc.wait()
+    for p in below:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(below, timeout=SLACK_S)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     _needs()
     from ckpt_chaos.config import golden_tree
@@ -531,24 +593,22 @@ def cmd_run(args: argparse.Namespace) -> int:
                       "[cosmic-ray.distributor]\nname = \"local\"\n")
     session = work / "session.sqlite"
     session.unlink(missing_ok=True)
-    cosmic = Path(sys.executable).parent / "cosmic-ray"
-    subprocess.run([str(cosmic), "init", str(config), str(session)], cwd=tree, check=True)
+    cosmic = _tool("cosmic-ray")
+    subprocess.run([cosmic, "init", str(config), str(session)], cwd=tree, check=True)
     counts = annotate(session, base, files, args.limit, args.seed, load_equivalent(), args.mutant)
     print("mutants: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
     started = time.monotonic()
-    # cosmic-ray writes each mutant into the copy and runs the test command there
-    subprocess.run([str(cosmic), "exec", str(config), str(session)], cwd=tree,
-                   env={**os.environ, "PYTHONSAFEPATH": "1"}, check=True)
+    _exec(cosmic, config, session, tree, work / "mutants.log", args.budget, counts["to run"])
     mutants = collect(session)
     command = "python benchmarks/mutation.py" + (" " + shlex.join(args.argv) if args.argv else "")
-    path = write_results(mutants, command, results=Path(args.results), extra={"sample": {"limit": args.limit, "seed": args.seed, "files": files, "named": args.mutant,
-                                                       **counts},
-                                            "exec_wall_s": round(time.monotonic() - started, 1),
-                                            "baseline": str(suite)})
+    sample = {"limit": args.limit, "seed": args.seed, "files": files, "named": args.mutant, **counts}
+    path = write_results(mutants, command, results=Path(args.results),
+                         extra={"sample": sample, "exec_wall_s": round(time.monotonic() - started, 1),
+                                "baseline": str(suite)})
     f = figures(mutants)["totals"]
-    print(f"score {f['score']}: {f['killed']} killed of {f['total'] - f['equivalent']} "
+    print(f"score {f['score']}: {f['killed']} killed of {f['total'] - f['equivalent'] - f['pending']} "
           f"({f['survived']} survived, {f['not reached']} not reached, {f['timeout']} timed out, "
-          f"{f['error']} errors, {f['equivalent']} equivalent); {path}")
+          f"{f['error']} errors, {f['equivalent']} equivalent, {f['pending']} pending); {path}")
     return 0
 
 
@@ -572,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
                          "reference_trainer/checkpoint.py:277:core/AddNot")
     ap.add_argument("--results", default=str(RESULTS), help="where mutation.json and mutation.md go "
                                                             f"(default: {RESULTS.relative_to(ROOT)})")
+    ap.add_argument("--budget", type=float, metavar="SECONDS",
+                    help="stop running mutants after this long and report those done (default: no limit)")
     ap.add_argument("--keep-runs", action="store_true", help="keep each mutant's scenario runs in WORK/runs")
     args = ap.parse_args(argv)
     args.argv = argv

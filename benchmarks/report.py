@@ -515,7 +515,7 @@ def mutation_md(d: dict) -> str:
     t = d["totals"]
     s = d["sample"]
     rows = [[f"`{f}`", _pct(c["score"]), c["killed"], c["survived"], c["not reached"], c["timeout"], c["error"],
-             c["equivalent"], c["total"]] for f, c in [*d["files"].items(), ("all", t)]]
+             c["equivalent"], c["pending"], c["total"]] for f, c in [*d["files"].items(), ("all", t)]]
     out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): cosmic-ray's mutants "
            f"of the checkpoint path, each against the default-suite scenarios that reach its line, cheapest first, "
            f"to the first failure. Mutants: "
@@ -524,8 +524,10 @@ def mutation_md(d: dict) -> str:
            + f" of the {s['to run'] + s['not reached'] + s['equivalent'] + s['not sampled']} in scope; "
            f"{d['mutants_run']} run, median {_f(d['median_mutant_s'], 0, ' s')} per mutant, "
            f"{_f(d['exec_wall_s'] / 60, 0, ' min')} in all. Score = killed / (total - equivalent); "
-           "not reached, timed out and errors count as not killed (docs/mutation.md).\n\n"
-           + _md(["file", "score", "killed", "survived", "not reached", "timed out", "error", "equivalent", "total"],
+           "not reached, timed out and errors count as not killed; pending: not run before `--budget` ran out, "
+           "left out of the score (docs/mutation.md).\n\n"
+           + _md(["file", "score", "killed", "survived", "not reached", "timed out", "error", "equivalent", "pending",
+                  "total"],
                  rows))
     by = lambda *st: [m for m in d["mutants"] if m["status"] in st]
     killed = [[f"`{m['file']}:{m['line']}`", m["operator"].removeprefix("core/"), m["scenario"],
