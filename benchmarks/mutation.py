@@ -51,21 +51,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ckpt_chaos.report.trainer_coverage import CHECKPOINT_PATH  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 EQUIVALENT = ROOT / "benchmarks" / "mutation-equivalent.toml"
 WORK = ROOT / "build" / "mutation"
 OUTCOME = "MUTATION-OUTCOME "  # the test command's last stdout line, kept by cosmic-ray as its output
 
-# What is mutated: whole files, and in the loop only the functions that resume and save, and the
-# statements of Trainer.run that name the checkpoint, its cadence or a stop (``_run_statement``).
-TARGETS = {
-    "reference_trainer/checkpoint.py": None,
-    "ckpt_chaos/probe/layout.py": None,
-    "reference_trainer/state.py": None,
-    "reference_trainer/remote.py": None,
-    "reference_trainer/train.py": ("Trainer.resume", "Trainer.save_and_exit", "Trainer.run"),
-}
+# What is mutated: the checkpoint path whose coverage `run --coverage` reports; in the loop, of
+# Trainer.run only the statements that name the checkpoint, its cadence or a stop (``_run_statement``).
+TARGETS = CHECKPOINT_PATH
 CADENCE_NAMES = {"resume", "save", "save_and_exit", "ckpt", "ckpt_every_steps", "ckpt_every_seconds",
                  "last_time_save", "time_due", "cadence", "stop_here", "stop_after_microbatches"}
 CTL_FLAGS = {1, 2, 3}  # the loop's all-reduced flags: SIGTERM, stop here, time cadence due
@@ -138,7 +134,7 @@ def scope_lines(file: str, source: str) -> set[int] | None:
     for name in wanted:
         node = funcs.get(name)
         if node is None:
-            raise MutationError(f"{file}: no function {name}; update TARGETS in benchmarks/mutation.py")
+            raise MutationError(f"{file}: no function {name}; update CHECKPOINT_PATH in ckpt_chaos/report/trainer_coverage.py")
         if name != "Trainer.run":
             lines.update(range(node.lineno, node.end_lineno + 1))
             continue
