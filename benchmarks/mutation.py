@@ -420,9 +420,10 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 # ---- the report -------------------------------------------------------------------------------------
 
-def collect(session: Path, pristine: Path = ROOT) -> list[dict]:
+def collect(session: Path, pristine: Path = ROOT, equivalent: list[dict] | None = None) -> list[dict]:
     """Every counted mutant of the session with its status: killed, survived, not reached,
-    timeout, error, equivalent (or pending, when exec was cut short)."""
+    timeout, error, equivalent (or pending, when exec was cut short). A mutant marked equivalent
+    since it ran is equivalent too, its run kept as ``run_status``."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome
 
@@ -449,8 +450,10 @@ def collect(session: Path, pristine: Path = ROOT) -> list[dict]:
                     m["status"] = "not reached"
             else:  # cosmic-ray's own timeout: the harness gave no verdict
                 m.update(status="timeout" if text == "timeout" else "error", detail=text[-400:])
+            if m["status"] != "equivalent" and (reason := equivalent_reason(equivalent or [], m)) is not None:
+                m.update(run_status=m["status"], status="equivalent", reason=reason)
             out.append(m)
-    return out
+    return sorted(out, key=lambda m: (m["file"], m["line"], m["operator"], m["occurrence"]))
 
 
 STATUSES = ("killed", "survived", "not reached", "timeout", "error", "equivalent", "pending")
@@ -552,6 +555,26 @@ def _stop_exec(proc: subprocess.Popen) -> None:
             pass
 
 
+def report_only(args: argparse.Namespace) -> int:
+    """The results again from the last run's session, e.g. after marking an equivalent mutant."""
+    work = Path(args.work).resolve()
+    if not (work / "run.json").is_file():
+        raise MutationError(f"--report-only: no run in {work} (no run.json); run the mutants first, or give "
+                            "the --work folder of one")
+    run = json.loads((work / "run.json").read_text())
+    return _report(work / "session.sqlite", run["command"], run["extra"], Path(args.results))
+
+
+def _report(session: Path, command: str, extra: dict, results: Path) -> int:
+    mutants = collect(session, equivalent=load_equivalent())
+    path = write_results(mutants, command, results=results, extra=extra)
+    f = figures(mutants)["totals"]
+    print(f"score {f['score']}: {f['killed']} killed of {f['total'] - f['equivalent'] - f['pending']} "
+          f"({f['survived']} survived, {f['not reached']} not reached, {f['timeout']} timed out, "
+          f"{f['error']} errors, {f['equivalent']} equivalent, {f['pending']} pending); {path}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     _needs()
     from ckpt_chaos.config import golden_tree
@@ -581,7 +604,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     state = {"pristine": str(ROOT), "work": str(work), "files": files, "golden": str(golden), "base": base,
              "deadlines": _deadlines(), "keep_runs": args.keep_runs}
     (work / "state.json").write_text(json.dumps(state))
-    backstop = sum(d + SLACK_S for d in state["deadlines"].values()) + 600
+    # only a backstop: the test command stops the harness first (see run_mutant)
+    backstop = sum(state["deadlines"].get(n, 300.0) + SLACK_S for n in base["walls"]) + 2 * SLACK_S
     test = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).resolve()))} test --state {work / 'state.json'}"
     config = work / "cosmic-ray.toml"
     config.write_text("[cosmic-ray]\n" f"module-path = {json.dumps(files)}\n" f"timeout = {backstop:.0f}\n"
@@ -595,17 +619,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("mutants: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
     started = time.monotonic()
     _exec(cosmic, config, session, tree, work / "mutants.log", args.budget, counts["to run"])
-    mutants = collect(session)
     command = "python benchmarks/mutation.py" + (" " + shlex.join(args.argv) if args.argv else "")
     sample = {"limit": args.limit, "seed": args.seed, "files": files, "named": args.mutant, **counts}
-    path = write_results(mutants, command, results=Path(args.results),
-                         extra={"sample": sample, "exec_wall_s": round(time.monotonic() - started, 1),
-                                "baseline": str(suite)})
-    f = figures(mutants)["totals"]
-    print(f"score {f['score']}: {f['killed']} killed of {f['total'] - f['equivalent'] - f['pending']} "
-          f"({f['survived']} survived, {f['not reached']} not reached, {f['timeout']} timed out, "
-          f"{f['error']} errors, {f['equivalent']} equivalent, {f['pending']} pending); {path}")
-    return 0
+    extra = {"sample": sample, "exec_wall_s": round(time.monotonic() - started, 1), "baseline": str(suite)}
+    (work / "run.json").write_text(json.dumps({"command": command, "extra": extra}))
+    return _report(session, command, extra, Path(args.results))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -630,11 +648,16 @@ def main(argv: list[str] | None = None) -> int:
                                                             f"(default: {RESULTS.relative_to(ROOT)})")
     ap.add_argument("--budget", type=float, metavar="SECONDS",
                     help="stop running mutants after this long and report those done (default: no limit)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: write the results again from the last run in --work (after marking an "
+                         "equivalent mutant)")
     ap.add_argument("--keep-runs", action="store_true", help="keep each mutant's scenario runs in WORK/runs")
     args = ap.parse_args(argv)
     args.argv = argv
     try:
-        return cmd_test(args) if args.cmd == "test" else cmd_run(args)
+        if args.cmd == "test":
+            return cmd_test(args)
+        return report_only(args) if args.report_only else cmd_run(args)
     except MutationError as e:
         print(f"mutation: {e}", file=sys.stderr)
         return 2

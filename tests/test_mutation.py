@@ -225,3 +225,33 @@ def test_a_real_mutant_is_killed_by_the_scenario_that_reaches_it(tmp_path):
     assert m["scenario"] == QUICKEST and m["checks"] and "+        if not final.exists():" in m["diff"]
     assert (tmp_path / "results" / "mutation.md").read_text().count(QUICKEST) == 1
     assert (ROOT / CKPT).read_text().count("if final.exists():") == 1  # the repository was never mutated
+
+
+def test_the_session_s_outcomes_become_statuses_and_a_later_equivalent_mark_wins(tmp_path):
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import MutationSpec, TestOutcome, WorkerOutcome, WorkItem, WorkResult
+
+    line = next(n for n, text in enumerate((ROOT / CKPT).read_text().split("\n"), 1)
+                if text.strip().startswith("if final.exists():"))
+    outcomes = {"killed": (TestOutcome.KILLED, {"status": "killed", "scenario": "s", "checks": ["c"], "wall_s": 3}),
+                "survived": (TestOutcome.SURVIVED, {"status": "survived", "ran": ["s"], "wall_s": 9}),
+                "cut": (TestOutcome.KILLED, "timeout"), "pending": None}
+    session = tmp_path / "s.sqlite"
+    with use_db(str(session), WorkDB.Mode.create) as db:
+        for n, (job, outcome) in enumerate(outcomes.items()):
+            db.add_work_item(WorkItem(job_id=job, mutations=[MutationSpec(
+                CKPT, "core/AddNot" if job != "survived" else "core/ReplaceTrueWithFalse", n if job != "killed" else 24,
+                (line, 8), (line, 9))]))
+            if outcome is not None:
+                out = outcome[1] if isinstance(outcome[1], str) else mutation.OUTCOME + json.dumps(outcome[1])
+                db.set_result(job, WorkResult(output=out, worker_outcome=WorkerOutcome.NORMAL, test_outcome=outcome[0]))
+    got = {m["job"]: m for m in mutation.collect(session)}
+    assert {j: m["status"] for j, m in got.items()} == {"killed": "killed", "survived": "survived", "cut": "timeout",
+                                                         "pending": "pending"}
+    assert got["killed"]["checks"] == ["c"] and "+        if not final.exists():" in got["killed"]["diff"]
+    f = mutation.figures(list(got.values()))["totals"]
+    assert f["score"] == round(1 / 3, 4) and f["pending"] == 1  # pending: left out; a timeout without a verdict: not killed
+    old, new = mutation.changed_lines(got["killed"]["diff"])
+    marked = [{"file": CKPT, "operator": "core/AddNot", "original": old, "mutant": new, "reason": "r"}]
+    again = {m["job"]: m for m in mutation.collect(session, equivalent=marked)}
+    assert again["killed"]["status"] == "equivalent" and again["killed"]["run_status"] == "killed"
