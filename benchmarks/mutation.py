@@ -565,6 +565,30 @@ def report_only(args: argparse.Namespace) -> int:
     return _report(work / "session.sqlite", run["command"], run["extra"], Path(args.results))
 
 
+def resume(args: argparse.Namespace) -> int:
+    """Go on with the last run's pending mutants (those a --budget cut off), in a fresh copy of the
+    tree, and write the results of the whole run."""
+    _needs()
+    work = Path(args.work).resolve()
+    for need in ("run.json", "state.json", "session.sqlite", "cosmic-ray.toml"):
+        if not (work / need).is_file():
+            raise MutationError(f"--resume: no {need} in {work}; start a run without --resume, or give the "
+                                "--work folder of one")
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
+        pending = sum(1 for _ in db.pending_work_items)
+    run = json.loads((work / "run.json").read_text())
+    _copy_tree(work / "tree")  # a stopped exec may have left its mutant in the copy
+    started = time.monotonic()
+    _exec(_tool("cosmic-ray"), work / "cosmic-ray.toml", work / "session.sqlite", work / "tree",
+          work / "mutants.log", args.budget, pending)
+    run["extra"]["exec_wall_s"] = round(run["extra"]["exec_wall_s"] + time.monotonic() - started, 1)
+    run["command"] += " && python benchmarks/mutation.py --resume" + (f" --budget {args.budget:g}" if args.budget else "")
+    (work / "run.json").write_text(json.dumps(run))
+    return _report(work / "session.sqlite", run["command"], run["extra"], Path(args.results))
+
+
 def _report(session: Path, command: str, extra: dict, results: Path) -> int:
     mutants = collect(session, equivalent=load_equivalent())
     path = write_results(mutants, command, results=results, extra=extra)
@@ -648,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
                                                             f"(default: {RESULTS.relative_to(ROOT)})")
     ap.add_argument("--budget", type=float, metavar="SECONDS",
                     help="stop running mutants after this long and report those done (default: no limit)")
+    ap.add_argument("--resume", action="store_true",
+                    help="go on with the last run in --work: its mutants still pending (cut by --budget)")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: write the results again from the last run in --work (after marking an "
                          "equivalent mutant)")
@@ -657,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "test":
             return cmd_test(args)
-        return report_only(args) if args.report_only else cmd_run(args)
+        return report_only(args) if args.report_only else resume(args) if args.resume else cmd_run(args)
     except MutationError as e:
         print(f"mutation: {e}", file=sys.stderr)
         return 2
