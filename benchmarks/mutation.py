@@ -576,8 +576,16 @@ def resume(args: argparse.Namespace) -> int:
                                 "--work folder of one")
     from cosmic_ray.work_db import WorkDB, use_db
 
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    equivalent, pending = load_equivalent(), 0
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
-        pending = sum(1 for _ in db.pending_work_items)
+        for item in list(db.pending_work_items):  # marked equivalent since: not worth a run
+            if (reason := equivalent_reason(equivalent, mutant(item))) is not None:
+                db.set_result(item.job_id, WorkResult(output=EQUIVALENT_MARK + reason,
+                                                      worker_outcome=WorkerOutcome.SKIPPED))
+            else:
+                pending += 1
     run = json.loads((work / "run.json").read_text())
     _copy_tree(work / "tree")  # a stopped exec may have left its mutant in the copy
     started = time.monotonic()
