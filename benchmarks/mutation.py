@@ -467,11 +467,15 @@ def figures(mutants: list[dict]) -> dict:
         c["score"] = round(c["killed"] / scored, 4) if scored else None
         return c
 
-    walls = [m["wall_s"] for m in mutants if "wall_s" in m]
+    def median(status: str | None = None) -> float | None:
+        walls = [m["wall_s"] for m in mutants if "wall_s" in m and status in (None, m.get("run_status", m["status"]))]
+        return round(statistics.median(walls), 1) if walls else None
+
     return {"totals": count(mutants),
             "files": {f: count([m for m in mutants if m["file"] == f]) for f in sorted({m["file"] for m in mutants})},
-            "median_mutant_s": round(statistics.median(walls), 1) if walls else None,
-            "mutants_run": len(walls)}
+            # a killed mutant stops at its first failure; a survivor runs every scenario that reaches it
+            "median_mutant_s": median(), "median_killed_s": median("killed"), "median_survived_s": median("survived"),
+            "mutants_run": sum(1 for m in mutants if "wall_s" in m)}
 
 
 def write_results(mutants: list[dict], command: str, extra: dict, results: Path = RESULTS) -> Path:

@@ -522,7 +522,8 @@ def mutation_md(d: dict) -> str:
            + (f"those named ({len(s['named'])})" if s.get("named") else
               f"a sample of {s['limit']} (seed {s['seed']})" if s["limit"] else "all")
            + f" of the {s['to run'] + s['not reached'] + s['equivalent'] + s['not sampled']} in scope; "
-           f"{d['mutants_run']} run, median {_f(d['median_mutant_s'], 0, ' s')} per mutant, "
+           f"{d['mutants_run']} run, median {_f(d['median_mutant_s'], 0, ' s')} per mutant (killed "
+           f"{_f(d.get('median_killed_s'), 0, ' s')}, survivors {_f(d.get('median_survived_s'), 0, ' s')}), "
            f"{_f(d['exec_wall_s'] / 60, 0, ' min')} in all. Score = killed / (total - equivalent); "
            "not reached, timed out and errors count as not killed; pending: not run before `--budget` ran out, "
            "left out of the score (docs/mutation.md).\n\n"
