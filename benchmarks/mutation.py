@@ -496,7 +496,11 @@ def _copy_tree(dest: Path) -> None:
     """The repository's tracked files, as they are in the working tree, into ``dest``."""
     if dest.exists():
         shutil.rmtree(dest)
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        raise MutationError(f"{ROOT}: not a git checkout ({listed.stderr.decode().strip()}); the mutants go into a "
+                            "copy of its tracked files: run from a clone")
+    files = listed.stdout
     for name in filter(None, files.decode().split("\0")):
         src = ROOT / name
         if src.is_file() and not src.is_symlink():

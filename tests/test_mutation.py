@@ -139,6 +139,20 @@ def test_a_pinned_golden_key_ignores_the_mutant_and_is_never_made_from_it(tmp_pa
         runner.golden_run("reference_trainer", {}, 2, root=tmp_path / "golden")
 
 
+def test_a_pinned_command_golden_key_reads_the_key_files_in_the_pinned_tree(tmp_path, monkeypatch):
+    from ckpt_chaos.run import command
+    from ckpt_chaos.scenario import load
+
+    s = load(sorted((ROOT / "examples" / "plain_ddp" / "scenarios").glob("*.toml"))[0])
+    monkeypatch.delenv("CKPT_CHAOS_GOLDEN_TREE", raising=False)
+    monkeypatch.chdir(ROOT)
+    key = command.golden_key(s)
+    monkeypatch.chdir(tmp_path)  # the trainer's script is not here: another key
+    assert command.golden_key(s) != key
+    monkeypatch.setenv("CKPT_CHAOS_GOLDEN_TREE", str(ROOT))
+    assert command.golden_key(s) == key
+
+
 # ---- run -x ---------------------------------------------------------------------------------------
 
 @pytest.fixture
