@@ -17,7 +17,7 @@ SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io 
                    slurm-wlm munge
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
-.PHONY: setup test chaos chaos-examples bench coverage clean
+.PHONY: setup test chaos chaos-examples bench coverage mutation clean
 
 setup: $(STAMP) $(SYSTEM_STAMP)
 
@@ -88,6 +88,12 @@ bench: setup
 	$(PY) benchmarks/explore_order.py --seeds 40
 	$(PY) benchmarks/explore_planted.py --seeds 0 1 2 --budget 600 --shrink 90
 	$(PY) benchmarks/report.py
+
+# Mutation score of the reference trainer's checkpoint path under the default suite (nightly, hours;
+# docs/mutation.md). A sample: MUTATION_FLAGS="--files reference_trainer/checkpoint.py --limit 40".
+MUTATION_FLAGS ?=
+mutation: setup
+	$(PY) benchmarks/mutation.py $(MUTATION_FLAGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache build *.egg-info

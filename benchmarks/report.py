@@ -557,6 +557,40 @@ def coverage_md(d: dict) -> str:
     out += _md(["file", "lines", "first line", "reason"],
                [[f"`{u['file']}`", f"{u['lines'][0]}" + (f"–{u['lines'][1]}" if u['lines'][1] != u['lines'][0] else ""),
                  f"`{u['code'][:60]}`", u["reason"] or "**none yet: a scenario to write**"] for u in d["unreached"]])
+
+
+def mutation_md(d: dict) -> str:
+    t = d["totals"]
+    s = d["sample"]
+    rows = [[f"`{f}`", _pct(c["score"]), c["killed"], c["survived"], c["not reached"], c["timeout"], c["error"],
+             c["equivalent"], c["pending"], c["total"]] for f, c in [*d["files"].items(), ("all", t)]]
+    out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): cosmic-ray's mutants "
+           f"of the checkpoint path, each against the default-suite scenarios that reach its line, cheapest first, "
+           f"to the first failure. Mutants: "
+           + (f"those named ({len(s['named'])})" if s.get("named") else
+              f"a sample of {s['limit']} (seed {s['seed']})" if s["limit"] else "all")
+           + f" of the {s['to run'] + s['not reached'] + s['equivalent'] + s['not sampled']} in scope; "
+           f"{d['mutants_run']} run, median {_f(d['median_mutant_s'], 0, ' s')} per mutant (killed "
+           f"{_f(d.get('median_killed_s'), 0, ' s')}, survivors {_f(d.get('median_survived_s'), 0, ' s')}), "
+           f"{_f(d['exec_wall_s'] / 60, 0, ' min')} in all. Score = killed / (total - equivalent); "
+           "not reached, timed out and errors count as not killed; pending: not run before `--budget` ran out, "
+           "left out of the score (docs/mutation.md).\n\n"
+           + _md(["file", "score", "killed", "survived", "not reached", "timed out", "error", "equivalent", "pending",
+                  "total"],
+                 rows))
+    by = lambda *st: [m for m in d["mutants"] if m["status"] in st]
+    killed = [[f"`{m['file']}:{m['line']}`", m["operator"].removeprefix("core/"), m["scenario"],
+               ", ".join(m["checks"]) or "(the run's reason)", _f(m.get("wall_s"), 0, " s")] for m in by("killed")]
+    if killed:
+        out += "\n## Killed\n\n" + _md(["mutant", "operator", "scenario", "failing checks", "wall"], killed)
+    for title, status in (("Survived", ("survived", "not reached", "timeout", "error")), ("Equivalent", ("equivalent",))):
+        if not by(*status):
+            continue
+        out += f"\n## {title}\n"
+        for m in by(*status):
+            why = m.get("reason") or m["status"] + (f": ran {', '.join(m['ran'])}" if m.get("ran") else "")
+            out += (f"\n`{m['file']}:{m['line']}` {m['operator'].removeprefix('core/')} "
+                    f"(occurrence {m['occurrence']}): {why}\n\n```diff\n{m['diff']}\n```\n")
     return out
 
 
@@ -574,6 +608,7 @@ TABLES = {
     "explore_order": ("When the search first composes a narrow window", order_md),
     "explore_planted": ("The fault-schedule search against planted bugs", planted_md),
     "trainer_coverage": ("Which lines of the reference trainer's checkpoint path the suite reaches", coverage_md),
+    "mutation": ("Mutation score of the checkpoint path under the scenarios", mutation_md),
 }
 
 

@@ -62,6 +62,10 @@ class UsageError(Exception):
     """Bad input; the message names the file or option and the fix. Exits 2."""
 
 
+class _FirstFailure(KeyboardInterrupt):
+    """``run -x``: a scenario failed; stop the others as an interrupt would, then report as usual."""
+
+
 @cache
 def _project() -> config.ProjectConfig:
     try:
@@ -226,6 +230,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[{i}/{len(chosen)}] [{COLOUR.get(v, 'magenta')}]{v:<7}[/] {s.name}  "
                       f"({row['wall_s']:.0f}s){'  ' + escape(row['reason']) if row['reason'] else ''}",
                       markup=True, highlight=False)
+        if args.exitfirst and results.failed(row):
+            raise _FirstFailure()
 
     try:
         if target is not None:
@@ -245,6 +251,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 row = results.scenario_row(r, s)
                 rows.append(row)
                 progress(i, s, row)
+    except _FirstFailure:
+        console.print(f"[red]-x: stopped at the first failure; {len(chosen) - len(rows)} scenario(s) not run "
+                      "or stopped[/]")
     except KeyboardInterrupt:
         if target is not None:
             stopped = "" if target.conf else ", the throwaway cluster is stopped"
@@ -623,6 +632,9 @@ def parser() -> argparse.ArgumentParser:
                                                       "as text")
     c.add_argument("--strict", action="store_true",
                    help=f"a scenario skipped for want of root, FUSE, libfiu... exits {EXIT_CANNOT_RUN} (CI)")
+    c.add_argument("-x", "--exitfirst", action="store_true",
+                   help="stop at the first scenario that fails (or passes although it declares a known "
+                        "failure); with -n the running ones are stopped")
     c.add_argument("-n", "--jobs", type=_jobs, default=1, metavar="N",
                    help="run up to N scenarios at once, each in a worker process; 'auto': as the cores and "
                         "memory allow. Their ranks stay within 2 per core, and timing-sensitive or multi-node "

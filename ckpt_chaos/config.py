@@ -13,7 +13,8 @@ A project configures ckpt-chaos in its own ``pyproject.toml``::
     builtin = true                    # also offer the built-in catalogue (default: true)
 
 Environment variables: ``CKPT_CHAOS_CACHE`` moves the cache (golden runs, search database);
-``CKPT_CHAOS_OUT`` sets the output directory when ``--out`` is not given.
+``CKPT_CHAOS_OUT`` sets the output directory when ``--out`` is not given; ``CKPT_CHAOS_GOLDEN_TREE``
+(mutation testing only, ``golden_tree``) keys golden runs by another source tree's code.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 ENV_CACHE = "CKPT_CHAOS_CACHE"
 ENV_OUT = "CKPT_CHAOS_OUT"
+ENV_GOLDEN_TREE = "CKPT_CHAOS_GOLDEN_TREE"
 TOOL_TABLE = "ckpt-chaos"
 
 
@@ -49,6 +51,34 @@ def cache_dir() -> Path:
 def golden_dir() -> Path:
     """The cache of fault-free runs, keyed by trainer code, configuration and world size."""
     return cache_dir() / "golden"
+
+
+def golden_tree() -> Path | None:
+    """The source tree whose trainer code keys the golden runs, when ``$CKPT_CHAOS_GOLDEN_TREE`` pins
+    one; None (the default) keys them by the code the workers will import.
+
+    Mutation testing runs each mutant from a copy of the project: keyed by the mutant's own code, a
+    golden run would be made again per mutant, from the mutant, and the oracle would share its bug.
+    Pinned, every mutant finds the golden runs the pristine tree made. A pinned golden run that is
+    missing is only made from within that tree (``refuse_golden_elsewhere``)."""
+    tree = os.environ.get(ENV_GOLDEN_TREE)
+    if not tree:
+        return None
+    path = Path(tree).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError(f"${ENV_GOLDEN_TREE}={tree}: not a folder; give the pristine source tree whose "
+                          "golden runs to use, or unset it")
+    return path
+
+
+def refuse_golden_elsewhere(key: str, root: Path) -> None:
+    """Raise when golden run ``key`` is missing, is pinned to another tree's code, and the workers
+    would run the current directory's (perhaps mutated) code to make it."""
+    tree = golden_tree()
+    if tree is not None and Path.cwd().resolve() != tree:
+        raise RuntimeError(f"golden run {key} is not in {root}, and ${ENV_GOLDEN_TREE} pins golden runs to "
+                           f"{tree}'s code while this runs from {Path.cwd()}: make it first by running the "
+                           f"scenario from {tree} with --golden-dir {root}")
 
 
 @dataclass

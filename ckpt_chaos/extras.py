@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "search": ("hypothesis",),  # ckpt-chaos explore
     "report": ("matplotlib",),  # plots in reports, cadence, benchmarks
     "coverage": ("coverage",),  # run --coverage: which lines of the trainer the scenarios reach
+    "mutation": ("cosmic_ray",),  # make mutation: the mutation score of the trainer's checkpoint path
 }
 
 

@@ -52,17 +52,19 @@ def _inherited_pythonpath() -> list[str]:
     return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
-def _top_spec(name: str):
-    """The spec of top-level module ``name`` as a worker finds it: the current directory and
-    $PYTHONPATH first, then the harness's own import system (site-packages, editable installs)."""
-    return PathFinder.find_spec(name, [os.getcwd(), *_inherited_pythonpath()]) or importlib.util.find_spec(name)
+def _top_spec(name: str, cwd: str | None = None):
+    """The spec of top-level module ``name`` as a worker finds it: the current directory (or ``cwd``)
+    and $PYTHONPATH first, then the harness's own import system (site-packages, editable installs)."""
+    return (PathFinder.find_spec(name, [cwd or os.getcwd(), *_inherited_pythonpath()])
+            or importlib.util.find_spec(name))
 
 
-def module_path(module: str) -> Path | None:
-    """The file (a module) or folder (a package) that ``python -m MODULE`` runs in a worker, found
-    without importing it or its parents (a trainer's package may import torch)."""
+def module_path(module: str, cwd: str | None = None) -> Path | None:
+    """The file (a module) or folder (a package) that ``python -m MODULE`` runs in a worker (started
+    in ``cwd``, default the current directory), found without importing it or its parents (a
+    trainer's package may import torch)."""
     top, *rest = module.split(".")
-    spec = _top_spec(top)
+    spec = _top_spec(top, cwd)
     name = top
     for part in rest:
         if spec is None or not spec.submodule_search_locations:

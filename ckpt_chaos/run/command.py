@@ -21,7 +21,7 @@ from filelock import FileLock
 
 from ckpt_chaos.check.any_trainer import EXACT
 from ckpt_chaos.check.history import read_jsonl
-from ckpt_chaos.config import golden_dir
+from ckpt_chaos.config import golden_dir, golden_tree, refuse_golden_elsewhere
 from ckpt_chaos.env.launcher import Job, launch_command, native_crash, worker_pythonpath
 from ckpt_chaos.env.storage import FAULTFS_POINTS, Storage, StorageSpec
 from ckpt_chaos.probe import auto
@@ -123,16 +123,21 @@ def complete(s: Scenario, run_dir: Path) -> dict[str, dict]:
     return out
 
 
-def _key_files(s: Scenario) -> list[Path]:
-    found = sorted({Path(p) for pattern in s.command.key for p in glob.glob(pattern, recursive=True)
-                    if Path(p).is_file()})
+def _key_files(s: Scenario, root: Path | None = None) -> list[Path]:
+    """The files matching the scenario's ``key`` patterns, relative ones under ``root`` (default: the
+    current directory), as the patterns name them."""
+    found = sorted({Path(p) for pattern in s.command.key
+                    for p in glob.glob(pattern, recursive=True, root_dir=root)
+                    if (Path(root or ".") / p).is_file()})
     return found
 
 
 def golden_key(s: Scenario) -> str:
     h = hashlib.sha256()
-    for p in _key_files(s) + [Path(auto.__file__)]:  # the layer's code shapes the records too
-        h.update(str(p).encode())
+    tree = golden_tree()  # pinned (mutation testing): the pristine tree's files, not the mutant's
+    files = [(p, Path(tree or ".") / p) for p in _key_files(s, tree)]
+    for name, p in files + [(Path(auto.__file__), Path(auto.__file__))]:  # the layer's code shapes the records too
+        h.update(str(name).encode())
         h.update(p.read_bytes())
     c = asdict(s.command)
     blob = json.dumps({"argv": c["argv"], "launcher": c["launcher"], "ckpt_dir": c["ckpt_dir"], "watch": c["watch"],
@@ -171,6 +176,7 @@ def golden_run(s: Scenario, root: Path | None = None, timeout: float = 600) -> P
     with FileLock(str(root / f"{key}.lock")):
         if (final / "golden.json").is_file():
             return final
+        refuse_golden_elsewhere(key, root)
         runs = []
         for n in (1, 2):
             for tries in (1, 2):

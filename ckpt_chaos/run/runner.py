@@ -37,7 +37,7 @@ from ckpt_chaos.run.triggers import Generator, launch_of
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, Healed, History, LaunchStarted,
                                      ProbeEvent, RankExited, Reaped, TornDown, final_state, launch_logs, of,
                                      read_history, snapshot_checkpoints, trainer_events)
-from ckpt_chaos.config import golden_dir
+from ckpt_chaos.config import golden_dir, golden_tree, refuse_golden_elsewhere
 from ckpt_chaos.env.launcher import Job, launch, module_path, native_crash, native_crash_in, prewarm, worker_pythonpath
 from ckpt_chaos.env import cluster as cluster_module, slurm as slurm_env
 from ckpt_chaos.env.cluster import Cluster
@@ -88,9 +88,12 @@ def trainer_args(cfg: dict) -> list[str]:
 def _code_hash(module: str) -> str:
     """Hash of the trainer's code (its module or package, the reference trainer it may build on, and
     the probe it calls), wherever the workers will import them from, so a code change invalidates
-    goldens."""
+    goldens; from the pinned tree instead when ``config.golden_tree`` names one."""
     h = hashlib.sha256()
-    roots = dict.fromkeys(filter(None, (module_path(m) for m in ("ckpt_chaos.probe", "reference_trainer", module))))
+    tree = golden_tree()
+    where = str(tree) if tree else None
+    roots = dict.fromkeys(filter(None, (module_path(m, where)
+                                        for m in ("ckpt_chaos.probe", "reference_trainer", module))))
     for root in roots:
         for p in sorted([root] if root.is_file() else root.rglob("*.py")):
             h.update(p.name.encode())
@@ -120,6 +123,7 @@ def golden_run(module: str, cfg: dict, world_size: int, root: Path | None = None
     with FileLock(str(root / f"{key}.lock")):
         if final_state(final) is not None:
             return final
+        refuse_golden_elsewhere(key, root)
         for attempt in (1, 2):
             work = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
             job = launch(work, world_size, trainer_args({**cfg, "run_dir": str(work)}), module=module)

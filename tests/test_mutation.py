@@ -1,0 +1,271 @@
+"""`make mutation` (benchmarks/mutation.py): what counts, which scenarios a mutant meets, the pinned
+golden key, run -x; and one real mutant killed by its scenario."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckpt_chaos import cli
+from ckpt_chaos.run import runner
+from ckpt_chaos.run.runner import Result
+from tests.test_pytest_plugin import QUICK
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("mutation", ROOT / "benchmarks" / "mutation.py")
+mutation = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mutation)
+
+CKPT = "reference_trainer/checkpoint.py"
+
+
+# ---- what counts ----------------------------------------------------------------------------------
+
+def test_the_loop_is_mutated_only_where_it_resumes_saves_or_stops():
+    source = (ROOT / "reference_trainer" / "train.py").read_text()
+    lines = mutation.scope_lines("reference_trainer/train.py", source)
+    text = source.split("\n")
+    kept = {text[n - 1].strip() for n in lines}
+    assert "self.resume()" in kept and "self.ckpt.poll()" in kept
+    assert any(t.startswith("return self.save_and_exit(") for t in kept)
+    assert not any(t.startswith("loss = self.micro_batch(") or t.startswith("dist.all_reduce(") for t in kept)
+    assert mutation.scope_lines(CKPT, (ROOT / CKPT).read_text()) is None  # whole files
+
+
+def test_a_continuation_line_is_recorded_on_its_statement_s_first_line():
+    source = "x = (1 +\n     2)\nif x and\\\n   x:\n    y = 3\n"
+    assert mutation.statement_line(source, 2) == 1
+    assert mutation.statement_line(source, 4) == 3
+    assert mutation.statement_line(source, 5) == 5
+
+
+# ---- equivalent mutants ---------------------------------------------------------------------------
+
+DIFF = ("--- a/reference_trainer/checkpoint.py\n+++ b/reference_trainer/checkpoint.py\n@@ -10,1 +10,1 @@\n"
+        "-    for attempt in range(3):\n+    for attempt in range(4):")
+
+
+def test_an_equivalent_mutant_is_matched_by_its_changed_line_and_operator(tmp_path):
+    f = tmp_path / "eq.toml"
+    f.write_text(f'[[equivalent]]\nfile = "{CKPT}"\noperator = "core/NumberReplacer"\n'
+                 'original = "for attempt in range(3):"\nmutant = "  for attempt in range(4):"\n'
+                 'reason = "any number of tries over one passes the same scenarios"\n')
+    entries = mutation.load_equivalent(f)
+    m = {"file": CKPT, "operator": "core/NumberReplacer", "line": 10, "diff": DIFF}
+    assert mutation.equivalent_reason(entries, m).startswith("any number of tries")
+    assert mutation.equivalent_reason(entries, {**m, "operator": "core/AddNot"}) is None
+    assert mutation.equivalent_reason(entries, {**m, "diff": DIFF.replace("range(4)", "range(2)")}) is None
+
+
+@pytest.mark.parametrize("body, says", [
+    (f'file = "{CKPT}"\noperator = "x"\noriginal = "a"\nmutant = "b"\n', "no 'reason'"),
+    (f'file = "{CKPT}"\noperator = "x"\noriginal = "a"\nmutant = "b"\nreason = "r"\nwhy = 1\n', "unknown key 'why'"),
+    ('file = "README.md"\noperator = "x"\noriginal = "a"\nmutant = "b"\nreason = "r"\n', "is not mutated"),
+])
+def test_a_bad_equivalent_entry_names_the_file_entry_and_key(tmp_path, body, says):
+    f = tmp_path / "eq.toml"
+    f.write_text("[[equivalent]]\n" + body)
+    with pytest.raises(mutation.MutationError, match=f"eq.toml: \\[\\[equivalent\\]\\] #1: .*{says}"):
+        mutation.load_equivalent(f)
+
+
+def test_the_committed_equivalent_list_loads():
+    for e in mutation.load_equivalent():
+        assert (ROOT / e["file"]).is_file()
+
+
+# ---- which scenarios a mutant meets ------------------------------------------------------------------
+
+def _suite(tmp_path: Path) -> Path:
+    suite = tmp_path / "suite"
+    (suite / "coverage").mkdir(parents=True)
+    rows = [{"scenario": "slow", "verdict": "pass", "wall_s": 40.0, "run_dir": str(suite / "slow")},
+            {"scenario": "quick", "verdict": "pass", "wall_s": 5.0, "run_dir": str(suite / "quick")},
+            {"scenario": "flaky", "verdict": "fail", "wall_s": 1.0, "run_dir": str(suite / "flaky")}]
+    (suite / "results.json").write_text(json.dumps({"results": rows}))
+    contexts = {"10": ["slow", "quick", "flaky"], "11": ["slow"], "12": ["flaky"]}
+    (suite / "coverage" / "coverage.json").write_text(json.dumps({"files": {
+        f"/somewhere/{CKPT}": {"contexts": contexts}, "/somewhere/reference_trainer/model.py": {"contexts": {}}}}))
+    return suite
+
+
+def test_a_mutant_meets_the_passing_scenarios_that_reach_its_line_cheapest_first(tmp_path):
+    base = mutation.baseline(_suite(tmp_path))
+    assert base["not_passing"] == ["flaky"]
+    assert mutation.select(base, CKPT, [10]) == ["quick", "slow"]
+    assert mutation.select(base, CKPT, [11, 10]) == ["quick", "slow"]
+    assert mutation.select(base, CKPT, [12]) == []  # only a scenario that fails unmutated reaches it
+    assert mutation.select(base, CKPT, [99]) == []  # not reached
+    assert mutation.select(base, "reference_trainer/state.py", [10]) == []
+
+
+def test_coverage_without_contexts_or_results_is_refused_with_the_fix(tmp_path):
+    suite = _suite(tmp_path)
+    (suite / "coverage" / "coverage.json").write_text(json.dumps({"files": {f"/x/{CKPT}": {}}}))
+    with pytest.raises(mutation.MutationError, match="contexts"):
+        mutation.baseline(suite)
+    (suite / "results.json").unlink()
+    with pytest.raises(mutation.MutationError, match="no results.json"):
+        mutation.baseline(suite)
+
+
+# ---- the pinned golden key ----------------------------------------------------------------------
+
+def _copy(dest: Path) -> None:
+    for part in ("reference_trainer", "ckpt_chaos/probe"):
+        shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def test_a_pinned_golden_key_ignores_the_mutant_and_is_never_made_from_it(tmp_path, monkeypatch):
+    pristine, mutant = tmp_path / "pristine", tmp_path / "mutant"
+    _copy(pristine)
+    _copy(mutant)
+    (mutant / CKPT).write_text((mutant / CKPT).read_text() + "\n# a mutant\n")
+    monkeypatch.delenv("CKPT_CHAOS_GOLDEN_TREE", raising=False)
+    monkeypatch.chdir(pristine)
+    key = runner.golden_key("reference_trainer", {}, 2)
+    monkeypatch.chdir(mutant)
+    assert runner.golden_key("reference_trainer", {}, 2) != key  # unpinned: the mutant's own code
+    monkeypatch.setenv("CKPT_CHAOS_GOLDEN_TREE", str(pristine))
+    assert runner.golden_key("reference_trainer", {}, 2) == key
+    with pytest.raises(RuntimeError, match=f"not in .*golden.*pins golden runs to {pristine}"):
+        runner.golden_run("reference_trainer", {}, 2, root=tmp_path / "golden")
+
+
+def test_a_pinned_command_golden_key_reads_the_key_files_in_the_pinned_tree(tmp_path, monkeypatch):
+    from ckpt_chaos.run import command
+    from ckpt_chaos.scenario import load
+
+    s = load(sorted((ROOT / "examples" / "plain_ddp" / "scenarios").glob("*.toml"))[0])
+    monkeypatch.delenv("CKPT_CHAOS_GOLDEN_TREE", raising=False)
+    monkeypatch.chdir(ROOT)
+    key = command.golden_key(s)
+    monkeypatch.chdir(tmp_path)  # the trainer's script is not here: another key
+    assert command.golden_key(s) != key
+    monkeypatch.setenv("CKPT_CHAOS_GOLDEN_TREE", str(ROOT))
+    assert command.golden_key(s) == key
+
+
+# ---- run -x ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    (tmp_path / "chaos").mkdir()
+    for name in ("a-first", "b-fails", "c-last"):
+        (tmp_path / "chaos" / f"{name}.toml").write_text(QUICK.format(module="reference_trainer", known=""))
+    (tmp_path / "pyproject.toml").write_text('[tool.ckpt-chaos]\nscenarios = ["chaos"]\nbuiltin = false\n')
+    monkeypatch.chdir(tmp_path)
+    cli._project.cache_clear()
+    yield tmp_path
+    cli._project.cache_clear()
+
+
+def _verdict(s, *_args, **_kw) -> Result:
+    return Result(scenario=s.name, verdict="fail" if s.name == "b-fails" else "pass", wall_s=0.1)
+
+
+def test_exitfirst_stops_a_serial_run_at_its_first_failure(project, monkeypatch):
+    ran = []
+    monkeypatch.setattr(runner, "run_scenario", lambda s, *a, **k: ran.append(s.name) or _verdict(s))
+    assert cli.main(["run", "-x", "--plots", "none", "--out", str(project)]) == cli.EXIT_FAILED
+    assert ran == ["a-first", "b-fails"]
+    rows = json.loads((project / "reports" / "default" / "latest" / "results.json").read_text())["results"]
+    assert [r["scenario"] for r in rows] == ["a-first", "b-fails"]
+    ran.clear()
+    assert cli.main(["run", "--plots", "none", "--out", str(project)]) == cli.EXIT_FAILED
+    assert ran == ["a-first", "b-fails", "c-last"]
+
+
+def test_exitfirst_stops_the_running_scenarios_of_a_parallel_run(project, monkeypatch):
+    from ckpt_chaos.report import results
+    from ckpt_chaos.run import parallel
+
+    stopped = []
+
+    class Parallel:  # ParallelRun's contract: on_done per row; an interrupt stops the rest and goes on
+        def __init__(self, chosen, out, golden, jobs, on_start, on_done):
+            self.chosen, self.on_start, self.on_done = chosen, on_start, on_done
+
+        def run(self):
+            try:
+                for i, s in enumerate(self.chosen):
+                    self.on_start(i, s)
+                    self.on_done(i, s, results.scenario_row(_verdict(s), s, write=False), "")
+            except KeyboardInterrupt:
+                stopped.append(True)
+                raise
+
+    monkeypatch.setattr(parallel, "ParallelRun", Parallel)
+    assert cli.main(["run", "-x", "-n", "2", "--plots", "none", "--out", str(project)]) == cli.EXIT_FAILED
+    assert stopped == [True]
+    rows = json.loads((project / "reports" / "default" / "latest" / "results.json").read_text())["results"]
+    assert [r["scenario"] for r in rows] == ["a-first", "b-fails"]
+
+
+# ---- one real mutant --------------------------------------------------------------------------------
+
+QUICKEST = "preempt-before-first-optimizer-step"  # the default suite's cheapest scenario: one save, one resume
+
+
+@pytest.mark.slow
+def test_a_real_mutant_is_killed_by_the_scenario_that_reaches_it(tmp_path):
+    """The whole chain on one hand-picked mutant: a coverage run of one scenario from this tree, then
+    cosmic-ray applies `if not final.exists():` before the commit rename (it quarantines a folder that
+    is not there, so the save fails) in a copy, and the scenario kills it with the pristine checker."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("CKPT_CHAOS_GOLDEN_TREE", None)
+    golden, reports = tmp_path / "golden", tmp_path / "reports"
+    cov = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "run", "--coverage", "--plots", "none",
+                          "--golden-dir", str(golden), "--reports", str(reports), QUICKEST],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert cov.returncode == 0, cov.stderr[-3000:]
+    line = next(n for n, text in enumerate((ROOT / CKPT).read_text().split("\n"), 1)
+                if text.strip().startswith("if final.exists():"))
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mutation.py"), "--files", CKPT,
+                          "--mutant", f"{CKPT}:{line}:core/AddNot", "--coverage-from", str(reports / "custom" / "latest"),
+                          "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    data = json.loads((tmp_path / "results" / "mutation.json").read_text())
+    assert data["totals"]["total"] == 1 and data["totals"]["killed"] == 1, data["mutants"]
+    m = data["mutants"][0]
+    assert m["scenario"] == QUICKEST and m["checks"] and "+        if not final.exists():" in m["diff"]
+    assert (tmp_path / "results" / "mutation.md").read_text().count(QUICKEST) == 1
+    assert (ROOT / CKPT).read_text().count("if final.exists():") == 1  # the repository was never mutated
+
+
+def test_the_session_s_outcomes_become_statuses_and_a_later_equivalent_mark_wins(tmp_path):
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import MutationSpec, TestOutcome, WorkerOutcome, WorkItem, WorkResult
+
+    line = next(n for n, text in enumerate((ROOT / CKPT).read_text().split("\n"), 1)
+                if text.strip().startswith("if final.exists():"))
+    outcomes = {"killed": (TestOutcome.KILLED, {"status": "killed", "scenario": "s", "checks": ["c"], "wall_s": 3}),
+                "survived": (TestOutcome.SURVIVED, {"status": "survived", "ran": ["s"], "wall_s": 9}),
+                "cut": (TestOutcome.KILLED, "timeout"), "pending": None}
+    session = tmp_path / "s.sqlite"
+    with use_db(str(session), WorkDB.Mode.create) as db:
+        for n, (job, outcome) in enumerate(outcomes.items()):
+            db.add_work_item(WorkItem(job_id=job, mutations=[MutationSpec(
+                CKPT, "core/AddNot" if job != "survived" else "core/ReplaceTrueWithFalse", n if job != "killed" else 24,
+                (line, 8), (line, 9))]))
+            if outcome is not None:
+                out = outcome[1] if isinstance(outcome[1], str) else mutation.OUTCOME + json.dumps(outcome[1])
+                db.set_result(job, WorkResult(output=out, worker_outcome=WorkerOutcome.NORMAL, test_outcome=outcome[0]))
+    got = {m["job"]: m for m in mutation.collect(session)}
+    assert {j: m["status"] for j, m in got.items()} == {"killed": "killed", "survived": "survived", "cut": "timeout",
+                                                         "pending": "pending"}
+    assert got["killed"]["checks"] == ["c"] and "+        if not final.exists():" in got["killed"]["diff"]
+    f = mutation.figures(list(got.values()))["totals"]
+    assert f["score"] == round(1 / 3, 4) and f["pending"] == 1  # pending: left out; a timeout without a verdict: not killed
+    old, new = mutation.changed_lines(got["killed"]["diff"])
+    marked = [{"file": CKPT, "operator": "core/AddNot", "original": old, "mutant": new, "reason": "r"}]
+    again = {m["job"]: m for m in mutation.collect(session, equivalent=marked)}
+    assert again["killed"]["status"] == "equivalent" and again["killed"]["run_status"] == "killed"
