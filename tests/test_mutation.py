@@ -241,12 +241,23 @@ def test_a_real_mutant_is_killed_by_the_scenario_that_reaches_it(tmp_path):
     assert (ROOT / CKPT).read_text().count("if final.exists():") == 1  # the repository was never mutated
 
 
+def _occurrence(operator: str, line: int) -> int:
+    """cosmic-ray's occurrence number of ``operator``'s first mutation on ``line`` of CKPT."""
+    from cosmic_ray.ast import ast_nodes, get_ast_from_path
+    from cosmic_ray.plugins import get_operator
+
+    op = get_operator(operator)()
+    starts = [start for node in ast_nodes(get_ast_from_path(ROOT / CKPT)) for start, _ in op.mutation_positions(node)]
+    return next(i for i, start in enumerate(starts) if start[0] == line)
+
+
 def test_the_session_s_outcomes_become_statuses_and_a_later_equivalent_mark_wins(tmp_path):
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import MutationSpec, TestOutcome, WorkerOutcome, WorkItem, WorkResult
 
     line = next(n for n, text in enumerate((ROOT / CKPT).read_text().split("\n"), 1)
                 if text.strip().startswith("if final.exists():"))
+    occurrence = _occurrence("core/AddNot", line)
     outcomes = {"killed": (TestOutcome.KILLED, {"status": "killed", "scenario": "s", "checks": ["c"], "wall_s": 3}),
                 "survived": (TestOutcome.SURVIVED, {"status": "survived", "ran": ["s"], "wall_s": 9}),
                 "cut": (TestOutcome.KILLED, "timeout"), "pending": None}
@@ -254,7 +265,8 @@ def test_the_session_s_outcomes_become_statuses_and_a_later_equivalent_mark_wins
     with use_db(str(session), WorkDB.Mode.create) as db:
         for n, (job, outcome) in enumerate(outcomes.items()):
             db.add_work_item(WorkItem(job_id=job, mutations=[MutationSpec(
-                CKPT, "core/AddNot" if job != "survived" else "core/ReplaceTrueWithFalse", n if job != "killed" else 24,
+                CKPT, "core/AddNot" if job != "survived" else "core/ReplaceTrueWithFalse",
+                n if job != "killed" else occurrence,
                 (line, 8), (line, 9))]))
             if outcome is not None:
                 out = outcome[1] if isinstance(outcome[1], str) else mutation.OUTCOME + json.dumps(outcome[1])
