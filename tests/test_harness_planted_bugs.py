@@ -23,7 +23,9 @@ def golden_root(tmp_path_factory):
 
 
 def run(tmp_path, golden_root, scenario_file: str, module: str = "reference_trainer"):
-    s = dataclasses.replace(load(SCENARIOS / scenario_file), trainer_module=module)
+    """Run a catalogue scenario (``FILE`` of the process family, or ``FAMILY/FILE``) with ``module``."""
+    path = builtin_scenarios() / scenario_file if "/" in scenario_file else SCENARIOS / scenario_file
+    s = dataclasses.replace(load(path), trainer_module=module)
     return run_scenario(s, tmp_path, golden_root)
 
 
@@ -129,9 +131,7 @@ def test_retention_that_forgets_the_best_checkpoint_on_a_relaunch_is_caught(tmp_
 
 
 def test_making_room_on_a_full_disk_by_deleting_the_best_checkpoint_is_caught(tmp_path, golden_root):
-    s = dataclasses.replace(load(builtin_scenarios() / "storage" / "retention-best-on-full-disk.toml"),
-                            trainer_module="tests.planted.makes_room_on_full_disk")
-    r = run_scenario(s, tmp_path, golden_root)
+    r = run(tmp_path, golden_root, "storage/retention-best-on-full-disk.toml", "tests.planted.makes_room_on_full_disk")
     assert r.verdict == "fail"
     bad = failed(r)
     assert "step_00000004, the lowest loss committed (3.4134), is not kept" in bad["retention_kept"]
@@ -166,9 +166,7 @@ def test_a_time_cadence_lost_on_resume_is_caught_by_a_second_crash(tmp_path, gol
 
 
 def test_a_resume_that_checks_sizes_but_not_checksums_is_caught(tmp_path, golden_root):
-    s = dataclasses.replace(load(builtin_scenarios() / "storage" / "corrupt-four-newest-four-ways.toml"),
-                            trainer_module="tests.planted.validates_sizes_only")
-    r = run_scenario(s, tmp_path, golden_root)
+    r = run(tmp_path, golden_root, "storage/corrupt-four-newest-four-ways.toml", "tests.planted.validates_sizes_only")
     assert r.verdict == "fail"
     bad = failed(r)
     assert "step_00000010 was corrupted (__0_0.distcp: 8 bits flipped" in bad["fault_0_detected"]
@@ -176,9 +174,7 @@ def test_a_resume_that_checks_sizes_but_not_checksums_is_caught(tmp_path, golden
 
 
 def test_a_restore_that_gives_up_after_one_failed_download_is_caught(tmp_path, golden_root):
-    s = dataclasses.replace(load(builtin_scenarios() / "remote" / "remote-download-cut-then-older-restored.toml"),
-                            trainer_module="tests.planted.restore_tries_newest_only")
-    r = run_scenario(s, tmp_path, golden_root)
+    r = run(tmp_path, golden_root, "remote/remote-download-cut-then-older-restored.toml", "tests.planted.restore_tries_newest_only")
     assert r.verdict == "fail"
     bad = failed(r)
     assert "launch 1 resumed from scratch but the newest valid checkpoint after the crash was step_00000006" in bad[
@@ -186,10 +182,9 @@ def test_a_restore_that_gives_up_after_one_failed_download_is_caught(tmp_path, g
 
 
 def test_a_restore_that_trusts_what_it_downloaded_is_caught(tmp_path, golden_root):
-    s = dataclasses.replace(load(builtin_scenarios() / "remote" / "remote-bit-rot-then-disk-lost.toml"),
-                            trainer_module="tests.planted.restore_trusts_download")
-    r = run_scenario(s, tmp_path, golden_root)
+    r = run(tmp_path, golden_root, "remote/remote-bit-rot-then-disk-lost.toml", "tests.planted.restore_trusts_download")
     assert r.verdict == "fail"
     bad = failed(r)
-    assert "step_00000008 was damaged on the remote tier (__1_0.distcp: 8 bits flipped" in bad["fault_0_detected"]
+    assert "step_00000008 was corrupted on the remote tier (__1_0.distcp: 8 bits flipped" in bad["fault_0_detected"]
+    assert "it resumed from step_00000008" in bad["fault_0_detected"]
     assert "launch 1 restored step_00000008 from the remote tier, which was" in bad["restored_durable@1"]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams, Setting
 from ckpt_chaos.faults.process import kill_local_node
+from ckpt_chaos.faults.storage import corruption_detected
 
 if TYPE_CHECKING:
     from ckpt_chaos.scenario import Fault, Scenario
@@ -139,27 +140,8 @@ def _check_lose_disk(s: Scenario, f: Fault) -> None:
         raise Invalid("target", "the local backend has one node, and its disk goes with it", "use target = \"node:0\"")
 
 
-def _remote_corrupt_detected(run, h, report) -> None:
-    """The next launch that restored from the remote tier rejected the damaged checkpoint after its
-    download, with the reason, and never took it."""
-    name = h.detail.get("checkpoint")
-    later = [x for x in run.launches() if x > h.launch]
-    if not later:
-        report.add("detected", "unknown", f"{name} was damaged on the remote tier but no launch came after",
-                   fault=h.index)
-        return
-    rejected = [e for e in run.trainer("remote_rejected", later[0]) if e["name"] == name]
-    restored = [e["name"] for e in run.trainer("restored_from_remote", later[0])]
-    if rejected:
-        report.add("detected", True, f"launch {later[0]} downloaded {name} and rejected it: {rejected[0]['reason']}",
-                   fault=h.index)
-    elif restored and restored[0] > name:
-        report.add("detected", "n/a", f"launch {later[0]} restored the newer {restored[0]}: {name} was never a "
-                   "candidate", fault=h.index)
-    else:
-        report.add("detected", False, fault=h.index, detail=
-                   f"{name} was damaged on the remote tier ({'; '.join(h.detail.get('files', []))}) but launch "
-                   f"{later[0]} did not reject it" + (f"; it restored {restored[0]}" if restored else ""))
+def _remote_corruption_detected(run, h, report) -> None:
+    corruption_detected(run, h, report, rejected_event="remote_rejected", where=" on the remote tier")
 
 
 def _check_toxic(s: Scenario, f: Fault) -> None:
@@ -194,7 +176,7 @@ KINDS = (
     FaultKind("corrupt_remote", "remote", "flip 8 bits in an object of a durable checkpoint on the remote tier "
               "(bit rot, a bad copy): a restore must validate what it downloads", CorruptRemoteParams,
               RemoteNemesis, RemoteNemesis.corrupt_remote, "#de77ae", validate=_on_remote_tier,
-              effect_check=_remote_corrupt_detected, damages=True),
+              effect_check=_remote_corruption_detected, damages=True),
     FaultKind("lose_disk", "remote", "SIGKILL the whole node and wipe its local checkpoint disk: the relaunch has "
               "only the remote tier to resume from", NoParams, RemoteNemesis, RemoteNemesis.lose_disk, "#762a83",
               validate=_check_lose_disk, ends_launch=True, loses_disk=True),

@@ -317,26 +317,28 @@ def _disk_full_effect(run: Run, h: FaultFired, report: Report) -> None:
     _surfaced(run, h, report, None)
 
 
-def _corrupt_detected(run: Run, h: FaultFired, report: Report) -> None:
-    """The next launch rejected the corrupted checkpoint, with its reason, before it could load it."""
+def corruption_detected(run: Run, h: FaultFired, report: Report, rejected_event: str = "ckpt_rejected",
+                        where: str = "") -> None:
+    """The next launch rejected the corrupted checkpoint (``where``: on the remote tier, after its
+    download), with its reason, before it could load it."""
     name = h.detail.get("checkpoint")
     later = [x for x in run.launches() if x > h.launch]
     if not later:
-        report.add("detected", "unknown", f"{name} was corrupted but no launch came after to load it",
+        report.add("detected", "unknown", f"{name} was corrupted{where} but no launch came after to load it",
                    fault=h.index)
         return
-    rejected = [e for e in run.trainer("ckpt_rejected", later[0]) if e["name"] == name]
+    rejected = [e for e in run.trainer(rejected_event, later[0]) if e["name"] == name]
     point = run.resume_point(later[0])
     if rejected:
-        report.add("detected", True, f"launch {later[0]} rejected {name}: {rejected[0]['reason']}", fault=h.index)
+        report.add("detected", True, f"launch {later[0]} rejected {name}{where}: {rejected[0]['reason']}",
+                   fault=h.index)
     elif point and point[0] and point[0] > name:
         report.add("detected", "n/a", f"launch {later[0]} resumed from the newer {point[0]}: {name} was never a "
                    "candidate", fault=h.index)
     else:
         report.add("detected", False, fault=h.index, detail=
-                   f"{name} was corrupted ({'; '.join(h.detail.get('files', []))}) but launch {later[0]} did not "
-                   f"reject it" + (f"; it resumed from {point[0]}" if point and point[0] else ""))
-
+                   f"{name} was corrupted{where} ({'; '.join(h.detail.get('files', []))}) but launch {later[0]} did "
+                   f"not reject it" + (f"; it resumed from {point[0]}" if point and point[0] else ""))
 
 KINDS = (
     FaultKind("disk_full", "storage", "fill the checkpoint file system until headroom_kb is left (ballast kept "
@@ -359,7 +361,7 @@ KINDS = (
               ends_launch=True, crashes=True, loses_unsynced=True),
     FaultKind("corrupt", "storage", "truncate, flip bits in, or delete files of a committed checkpoint (newest, "
               "oldest or by name)", CorruptParams, StorageNemesis, StorageNemesis.corrupt, "#b2182b",
-              validate=_check_corrupt, effect_check=_corrupt_detected,
+              validate=_check_corrupt, effect_check=corruption_detected,
               describe=lambda f, h: f"corrupt ({f.params.corruption} {'; '.join(h.detail.get('files', []))})",
               damages=True),
 )
