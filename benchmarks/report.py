@@ -557,6 +557,7 @@ def coverage_md(d: dict) -> str:
     out += _md(["file", "lines", "first line", "reason"],
                [[f"`{u['file']}`", f"{u['lines'][0]}" + (f"–{u['lines'][1]}" if u['lines'][1] != u['lines'][0] else ""),
                  f"`{u['code'][:60]}`", u["reason"] or "**none yet: a scenario to write**"] for u in d["unreached"]])
+    return out
 
 
 def mutation_md(d: dict) -> str:
