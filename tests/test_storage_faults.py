@@ -160,6 +160,20 @@ def test_disk_full_is_a_real_enospc(tmp_path):
     assert not os.path.ismount(tmp_path / "checkpoints")
 
 
+@needs_faultfs
+def test_disk_full_leaves_no_room_when_the_first_allocation_does_not_fit(tmp_path, monkeypatch):
+    # as when the job writes while the ballast is sized: the space measured is no longer there
+    with Storage(tmp_path, StorageSpec(fs="tmpfs", size_mb=8)) as st:
+        real = st.free_bytes
+        calls = iter([real() + (256 << 10)])
+        monkeypatch.setattr(st, "free_bytes", lambda: next(calls, None) or real())
+        filled = st.fill(headroom=0)
+        assert filled["free_after"] < 4096 * 2, filled
+        with pytest.raises(OSError) as e:
+            (st.ckpt / "small").write_bytes(b"x" * (64 << 10))
+        assert e.value.errno == errno.ENOSPC
+
+
 # ---- nothing is left behind ----------------------------------------------------------------------
 
 

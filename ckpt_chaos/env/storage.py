@@ -228,9 +228,15 @@ class Storage:
         if want:
             fd = os.open(self.ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                os.posix_fallocate(fd, os.fstat(fd).st_size, want)
-            except OSError:  # allocation is in whole blocks: the last one may not fit
-                os.posix_fallocate(fd, os.fstat(fd).st_size, max(0, want - (1 << 20)))
+                # The job may be writing meanwhile, and allocation is in whole blocks: an allocation
+                # that does not fit is halved until one does, and what is still free is taken again.
+                while want >= 4096:
+                    try:
+                        os.posix_fallocate(fd, os.fstat(fd).st_size, want)
+                    except OSError:
+                        want //= 2
+                        continue
+                    want = self.free_bytes() - headroom
             finally:
                 os.close(fd)
         return {"free_before": before, "free_after": self.free_bytes(), "headroom": headroom}
