@@ -233,3 +233,24 @@ def test_ctrl_c_mid_parallel_run_kills_every_process_of_every_scenario_and_exits
     assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp_path) in line]
     assert (reports / "custom" / "latest" / "results.json").is_file()
     assert not (reports / "custom" / "latest" / ".workers").exists()
+
+
+def test_a_paced_scenario_shares_the_golden_run_of_its_unpaced_twin(tmp_path, monkeypatch):
+    from ckpt_chaos.run import runner
+    cfg = {"max_steps": 6, "ckpt_every_steps": 2}
+    paced = {**cfg, "step_delay_s": 0.4}
+    assert runner.golden_key("reference_trainer", paced, 2) == runner.golden_key("reference_trainer", cfg, 2)
+    assert runner.golden_key("reference_trainer", {**cfg, "max_steps": 7}, 2) != \
+        runner.golden_key("reference_trainer", cfg, 2)
+
+    class Launched(Exception):
+        pass
+
+    def launch(work, world_size, args, module):
+        raise Launched(args)
+
+    monkeypatch.setattr(runner, "launch", launch)
+    with pytest.raises(Launched) as e:
+        runner.golden_run("reference_trainer", paced, 2, root=tmp_path)
+    args = e.value.args[0]
+    assert "--max-steps=6" in args and not any(a.startswith("--step-delay-s") for a in args)

@@ -101,7 +101,18 @@ def _code_hash(module: str) -> str:
     return h.hexdigest()
 
 
+# Trainer options that pace a run without touching its numbers: scenarios slow a run down so that a
+# fault from outside (a timeout, Slurm's time-limit pass, an upload) lands mid-run, but the golden run
+# only supplies the trajectory, so it runs at full speed and is shared with the unpaced scenarios.
+PACING = ("step_delay_s",)
+
+
+def golden_config(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k not in PACING}
+
+
 def golden_key(module: str, cfg: dict, world_size: int) -> str:
+    cfg = golden_config(cfg)
     # torch's version from its metadata: importing torch here would cost the harness a second
     blob = json.dumps({"module": module, "cfg": cfg, "world_size": world_size, "code": _code_hash(module),
                        "torch": importlib.metadata.version("torch"), "python": platform.python_version()},
@@ -118,6 +129,7 @@ def golden_run(module: str, cfg: dict, world_size: int, root: Path | None = None
     """
     root = Path(root) if root else golden_dir()
     root.mkdir(parents=True, exist_ok=True)
+    cfg = golden_config(cfg)
     key = golden_key(module, cfg, world_size)
     final = root / key
     with FileLock(str(root / f"{key}.lock")):
