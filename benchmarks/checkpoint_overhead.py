@@ -10,9 +10,12 @@ For each model size, every round runs (on the same file system, one after anothe
 * the same with ``dcp.async_save``: the stall left to training, the first save's and the median;
 * a restart: the synchronous run stops (with a save) after two thirds of its steps and is
   relaunched with the checkpoint's pages dropped from the page cache (``posix_fadvise``
-  DONTNEED after the fsync): the resume reads it cold, validation (every file hashed) then
-  ``dcp.load``, set against a cold sequential read of a file of the same size written the same way
-  (``cold_read_s``), and the restart time, from the launch of ``torchrun`` to the first new step.
+  DONTNEED after the fsync): the resume reads it cold, validation (manifest, sizes, the small
+  ``.metadata`` hashed) then ``dcp.load`` (each shard read once and hashed as it is read), set
+  against a cold sequential read of a file of the same size written the same way (``cold_read_s``)
+  and against a cold read of the checkpoint's own files, a reader thread per file as the ranks
+  read them (``cold_read_files_s``), and the restart time, from the launch of ``torchrun`` to the
+  first new step.
 
 Saves record no state digests (``record_digests = false``, as in production). Sizes and
 configurations alternate within each round so drift hits them alike; the figures are medians
@@ -31,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -89,6 +93,27 @@ def cold_read_s(directory: Path, nbytes: int) -> float:
     return elapsed
 
 
+def cold_read_files_s(files: list[Path]) -> float:
+    """Seconds to read ``files`` cold, one reader thread per file at once: how the ranks read a
+    checkpoint (each its own shard), so the disk's limit for that access pattern."""
+    for f in files:
+        drop_cached(f)
+
+    def read(path: Path) -> None:
+        buf = bytearray(8 << 20)
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(files)) as pool:
+        list(pool.map(read, files))
+    elapsed = time.perf_counter() - started
+    for f in files:
+        drop_cached(f)
+    return elapsed
+
+
 def train(work: Path, cfg: dict) -> tuple[float, list[dict]]:
     started = time.time()
     rc = run_to_end(work, 2, trainer_args({**cfg, "run_dir": str(work)}), timeout=900)
@@ -117,6 +142,8 @@ def one_size(tmp: Path, name: str, size: dict, round_no: int) -> dict:
     async_saves = trainer_events(base / "async", "saved")
     # Restart: relaunch the synchronous run from its checkpoint, cold, beside a cold sequential read.
     read = cold_read_s(base, int(nbytes))
+    newest = (base / "sync" / "checkpoints" / "latest").read_text().strip()
+    read_files = cold_read_files_s(sorted(p for p in (base / "sync" / "checkpoints" / newest).iterdir() if p.is_file()))
     for f in (base / "sync" / "checkpoints").rglob("*"):
         if f.is_file():
             drop_cached(f)
@@ -144,6 +171,7 @@ def one_size(tmp: Path, name: str, size: dict, round_no: int) -> dict:
         "load_s": loaded["load_s"],
         "validate_s": loaded.get("choose_s"),
         "cold_read_s": read,
+        "cold_read_files_s": read_files,
         "restart_s": first_new - launched,
     }
 
@@ -167,7 +195,8 @@ def main() -> None:
                 print(f"round {r + 1}/{args.rounds} {name}: {m['checkpoint_mb']:.1f} MB, save "
                       f"{m['save_total_s']:.3f} s against an fsynced write's {m['fsync_write_s']:.3f} s, async stall "
                       f"{m['stall_async_s']:.3f} s (first {m['stall_async_first_s']:.3f} s), validate + load "
-                      f"{m['validate_s']:.3f} + {m['load_s']:.3f} s against a cold read's {m['cold_read_s']:.3f} s, "
+                      f"{m['validate_s']:.3f} + {m['load_s']:.3f} s against a cold read's {m['cold_read_s']:.3f} s "
+                      f"({m['cold_read_files_s']:.3f} s for its own files, a thread each), "
                       f"restart {m['restart_s']:.1f} s", flush=True)
     out = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "rounds": args.rounds,
            "sizes": {}}
@@ -180,7 +209,9 @@ def main() -> None:
         ratio = {"save_fraction_of_fsync_bw": lambda r: r["fsync_write_s"] / r["save_total_s"],
                  "async_stall_fraction_of_sync_save": lambda r: r["stall_async_s"] / r["save_total_s"],
                  "async_first_stall_fraction_of_sync_save": lambda r: r["stall_async_first_s"] / r["save_total_s"],
-                 "load_fraction_of_cold_read_bw": lambda r: r["cold_read_s"] / (r["validate_s"] + r["load_s"])}
+                 "load_fraction_of_cold_read_bw": lambda r: r["cold_read_s"] / (r["validate_s"] + r["load_s"]),
+                 "load_fraction_of_cold_files_read_bw":
+                     lambda r: r["cold_read_files_s"] / (r["validate_s"] + r["load_s"])}
         med.update({k: statistics.median(f(run) for run in runs) for k, f in ratio.items()})
         med["loop_overhead_sync"] = med["loop_s_per_step_sync"] / med["loop_s_per_step_no_ckpt"]
         out["sizes"][name] = {"config": SIZES[name], **med}

@@ -244,7 +244,8 @@ def overhead_md(d: dict) -> str:
                       f"{_pct(s['async_first_stall_fraction_of_sync_save'])} / "
                       f"{_pct(s['async_stall_fraction_of_sync_save'])}",
                       f"{_f(s['validate_s'])} s + {_f(s['load_s'])} s / {_f(s['cold_read_s'])} s",
-                      _pct(s["load_fraction_of_cold_read_bw"])])
+                      _pct(s["load_fraction_of_cold_read_bw"]),
+                      f"{_f(s.get('cold_read_files_s'))} s", _pct(s.get("load_fraction_of_cold_files_read_bw"))])
         total = s["save_total_s"]
         phases.append([model, _f(total, 3, " s")] + [f"{_f(s['save_phases_s'].get(k, 0.0))} s" for k, _ in _PHASES])
     out = (f"`python benchmarks/checkpoint_overhead.py --rounds {d['rounds']}` ({d['machine']['cpus']} CPUs, "
@@ -257,11 +258,14 @@ def overhead_md(d: dict) -> str:
         out += ("\nAgainst the disk, each ratio taken within a round (median of rounds): a synchronous save against "
                 "a file of the same size written and fsynced in the same round; the async stall (first save, median "
                 "of saves) against the synchronous save; the resume's reading of the checkpoint from a cold page "
-                "cache (validation, every file hashed, then `dcp.load`) against a cold sequential read of a file of "
-                "the same size, both evicted with `posix_fadvise(DONTNEED)` after their fsync.\n\n" +
+                "cache (validation: manifest, sizes and `.metadata` hashed; then `dcp.load`, each shard hashed as it "
+                "is read) against a cold sequential read of a file of the same size, both evicted with "
+                "`posix_fadvise(DONTNEED)` after their fsync; and against a cold read of the checkpoint's own files, "
+                "a reader thread per file, as the ranks read them.\n\n" +
                 _md(["model", "sync save / fsynced write", "save rate / fsync rate", "async stall, first / median",
                      "async stall / sync save, first / median", "validate + load / cold read",
-                     "load rate / cold read rate"], speed))
+                     "load rate / cold read rate", "cold read of its files, a thread each",
+                     "load rate / that rate"], speed))
         out += ("\nWhere a synchronous save's time goes, on rank 0 (the `saved` event's phases, medians): writes, "
                 "checksums and serialization are in DCP's `write_data`; fsyncs: from a file's last write to its "
                 "close; waiting for the peers: from rank 0's last write to the end of the slowest rank's.\n\n" +

@@ -21,8 +21,10 @@ that does not validate.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -37,10 +39,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystem, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import WriteResult
+from torch.distributed._shard._utils import narrow_tensor_by_index  # what FileSystemReader uses
 from torch.utils.serialization import config as serialization_config
 
 from ckpt_chaos import probe
@@ -48,7 +52,7 @@ from ckpt_chaos import probe
 from ckpt_chaos.probe.layout import (  # noqa: F401  (re-exported: the directory layout is part of this module's API)
     MANIFEST, LATEST, TMP_PREFIX, TRASH_PREFIX, REJECTED, FORMAT, CHECKSUMS,
     ResumeChoice, checkpoint_name, checksum_file, choose_resume, describe, fsync_path, list_checkpoints,
-    discard, parse_name, quarantine, read_manifest, remove_tree, validate, write_durably,
+    discard, file_checksums, parse_name, quarantine, read_manifest, remove_tree, validate, write_durably,
 )
 from .state import TrainState, checkpoint_state, component_digests
 
@@ -178,6 +182,124 @@ class ProbedWriter(FileSystemWriter):
         probe.point("ckpt.metadata", path=str(self.path))
 
 
+# ---- reading: checksums verified while loading -------------------------------------------------
+
+class FileCorrupt(ValueError):
+    """A checkpoint file's bytes do not match its manifest entry, found while loading it."""
+
+
+def read_while_loading(name: str) -> bool:
+    """The files whose checksum ``VerifyingReader`` verifies as ``dcp.load`` reads them: the shards.
+    Validation before the load hashes the rest (``.metadata``, which DCP unpickles first)."""
+    return name.endswith(DEFAULT_SUFFIX)
+
+
+def _verifier(name: str, world_size: int) -> int:
+    """The rank that reads a data file whole and verifies it: its writer's rank modulo the world
+    size, so each file has one verifier at any world size on resume."""
+    m = re.match(r"__(\d+)_", name)
+    return int(m.group(1)) % world_size if m else 0
+
+
+class VerifyingReader(FileSystemReader):
+    """DCP's FileSystemReader, except that each shard is read once, front to back, and its size and
+    checksum are checked against the manifest as it is read: one cold read of the checkpoint in
+    all instead of a hashing pass before ``dcp.load`` and a second read by it.
+
+    A file's verifier (``_verifier``) reads all of it, other ranks only the items they load from
+    it. A mismatch raises FileCorrupt once the file is read, which DCP raises on every rank: the
+    load fails as a whole, and the caller rejects the checkpoint and loads another (tensors already
+    copied from it are overwritten, or the state is built afresh)."""
+
+    def __init__(self, path, manifest: dict | None, rank: int, world_size: int):
+        super().__init__(path)
+        # name -> (size, checksum) of the files this rank verifies; None: verify nothing
+        self.expected = None if manifest is None else {
+            n: v for n, v in file_checksums(manifest).items()
+            if read_while_loading(n) and _verifier(n, world_size) == rank}
+        self.hasher = CHECKSUMS[manifest["format"]] if manifest is not None else None
+
+    def read_data(self, plan, planner):
+        per_file: dict[str, dict[tuple[int, int], list]] = {name: {} for name in self.expected or {}}
+        for req in plan.items:
+            info = self.storage_data[req.storage_index]
+            per_file.setdefault(info.relative_path, {}).setdefault((info.offset, info.length), []).append(req)
+        for name, items in per_file.items():
+            want = (self.expected or {}).get(name)
+            with open(os.path.join(self.path, name), "rb", buffering=0) as f:
+                if want is None:
+                    for (offset, length), reqs in sorted(items.items()):
+                        f.seek(offset)
+                        self._deliver(reqs, _read_exactly(f, length, name), planner)
+                    continue
+                h, pos = self.hasher.new(), 0
+                for (offset, length), reqs in sorted(items.items()):
+                    pos += _hash_through(f, h, offset - pos)
+                    data = _read_exactly(f, length, name)
+                    h.update(data)
+                    pos += length
+                    self._deliver(reqs, data, planner)
+                pos += _hash_through(f, h, None)
+            size, checksum = want
+            if pos != size:
+                raise FileCorrupt(f"{name} has {pos} bytes, manifest says {size}")
+            if h.hexdigest() != checksum:
+                raise FileCorrupt(f"{name} fails its {self.hasher.label} checksum")
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(None)
+        return done
+
+    def _deliver(self, reqs: list, data: bytes, planner) -> None:
+        for req in reqs:
+            info = self.storage_data[req.storage_index]
+            stream = self.transforms.transform_load_stream(req, info.transform_descriptors or (), io.BytesIO(data))
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(stream.read(-1)))
+                continue
+            if not stream.seekable():  # torch.load seeks
+                stream = io.BytesIO(stream.read(-1))
+            tensor = torch.load(stream, map_location="cpu", weights_only=True)
+            tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != tensor.size():
+                raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+            target.copy_(tensor)
+            planner.commit_tensor(req, target)
+
+
+def _read_exactly(f, n: int, name: str) -> bytes:
+    data = f.read(n)
+    while len(data) < n:
+        more = f.read(n - len(data))
+        if not more:
+            raise FileCorrupt(f"{name} ends at byte {f.tell()}, before the item it should hold")
+        data += more
+    return data
+
+
+def _hash_through(f, h, n: int | None) -> int:
+    """Hash the next ``n`` bytes of ``f`` (all that is left: None); returns how many there were."""
+    seen = 0
+    while n is None or seen < n:
+        chunk = f.read(8 << 20 if n is None else min(8 << 20, n - seen))
+        if not chunk:
+            break
+        h.update(chunk)
+        seen += len(chunk)
+    return seen
+
+
+def corrupt_file(error: BaseException) -> str | None:
+    """The reason a load failed if a file failed its verification on any rank, else None."""
+    if isinstance(error, FileCorrupt):
+        return str(error)
+    for failure in getattr(error, "failures", {}).values():
+        found = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(found, FileCorrupt):
+            return str(found)
+    return None
+
+
 # ---- the manager ----------------------------------------------------------------------------
 
 @dataclass
@@ -224,11 +346,13 @@ class CheckpointManager:
         fsync_path(self.root)
 
     def choose(self) -> ResumeChoice:
-        """Rank 0 picks the checkpoint to resume and tells every rank."""
+        """Rank 0 picks the checkpoint to resume and tells every rank. The shards' checksums are
+        verified by the load itself (``VerifyingReader``); one that fails is passed to ``reject``
+        and ``choose`` is called again."""
         choice = None
         if self.rank == 0:
             self.clean_strays()
-            choice = choose_resume(self.root, self.cfg.verify_checksums)
+            choice = choose_resume(self.root, self.cfg.verify_checksums, read_later=read_while_loading)
             for name, reason in choice.rejected:
                 self.log("ckpt_rejected", name=name, reason=reason)
                 self._quarantine(self.root / name, reason)
@@ -238,11 +362,24 @@ class CheckpointManager:
                 restored = restore_newer(self.cfg, self.root, choice.path.name if choice.path else None, self.log)
                 if restored is not None:
                     choice = ResumeChoice(restored, read_manifest(restored), choice.rejected, choice.latest_hint)
-            if self.uploads is not None:
-                self.uploads.start()
         box = [choice]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def reader(self, choice: ResumeChoice) -> VerifyingReader:
+        return VerifyingReader(choice.path, choice.manifest if self.cfg.verify_checksums else None, self.rank,
+                               self.world_size)
+
+    def reject(self, path: Path, reason: str) -> None:
+        """A chosen checkpoint failed on load: out of the resume path, with the reason (rank 0)."""
+        if self.rank == 0:
+            self.log("ckpt_rejected", name=path.name, reason=reason)
+            self._quarantine(path, reason)
+
+    def resumed(self) -> None:
+        """The resume is over: start the uploader (rank 0), which then finds no rejected checkpoint."""
+        if self.uploads is not None:
+            self.uploads.start()
 
     def _quarantine(self, path: Path, reason: str) -> None:
         quarantine(self.root, path, reason, self.log)

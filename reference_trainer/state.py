@@ -179,15 +179,17 @@ def restore_meta(ts: TrainState, meta: dict) -> None:
     ts.scheduler.load_state_dict(meta["scheduler"])
 
 
-def load_checkpoint(ts: TrainState, path: Path, saved_world_size: int, has_grads: bool) -> None:
-    """Load a validated checkpoint directory into ``ts`` (collective: every rank calls it)."""
+def load_checkpoint(ts: TrainState, path: Path, saved_world_size: int, has_grads: bool,
+                    reader: dcp.StorageReader | None = None) -> None:
+    """Load a validated checkpoint directory into ``ts`` (collective: every rank calls it);
+    ``reader``: DCP's storage reader for it (default: DCP's own)."""
     same_world = saved_world_size == ts.world_size
     rank_key = f"rank{ts.rank}" if same_world else "rank0"
     model_sd, optim_sd = get_state_dict(ts.model, ts.optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "meta": b"", rank_key: b""}
     if has_grads:
         state["grads"] = {name: torch.zeros_like(p) for name, p in ts.model.named_parameters()}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), storage_reader=reader)
 
     restore_model_and_optimizer(ts, state["model"], state["optim"])
     restore_meta(ts, _unblob(state["meta"]))

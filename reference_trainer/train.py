@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from ckpt_chaos import probe
 
-from .checkpoint import CheckpointManager
+from .checkpoint import CheckpointManager, corrupt_file
 from .config import ConfigError, TrainConfig, resume_mismatches
 from .data import build_loader
 from .model import GPT, loss_fn
@@ -169,31 +169,51 @@ class Trainer:
     # -- resume ------------------------------------------------------------------------------------
 
     def resume(self) -> None:
-        started = time.perf_counter()
-        choice = self.ckpt.choose()
-        choose_s = time.perf_counter() - started  # mostly validation: every file read and hashed
-        if choice.path is None:
-            self.log("fresh_start", rejected=choice.rejected)
-            return
-        manifest = choice.manifest
-        mismatches = resume_mismatches(manifest["config"], self.cfg)
-        if mismatches:
-            raise ConfigError(f"cannot resume from {choice.path}: incompatible config: {'; '.join(mismatches)}")
-        probe.point("load.begin", name=choice.path.name, step=manifest["step"], micro=manifest["micro"])
-        started = time.perf_counter()
-        try:
-            load_checkpoint(self.ts, choice.path, manifest["world_size"], has_grads=manifest["micro"] > 0)
-        except BaseException as e:  # DCP's CheckpointException is a BaseException
-            # A checkpoint that validated but cannot be read (an I/O error): say so, and exit non-zero
-            # so that the orchestrator restarts the job, which validates from scratch again.
-            self.log("load_failed", name=choice.path.name, error=f"{type(e).__name__}: {e}"[:2000])
-            raise
-        load_s = time.perf_counter() - started
+        rejected: list[tuple[str, str]] = []
+        touched = False  # a load failed verification after copying some tensors into the state
+        while True:
+            started = time.perf_counter()
+            choice = self.ckpt.choose()
+            choose_s = time.perf_counter() - started  # the manifests, sizes and .metadata checksums
+            rejected += choice.rejected
+            if choice.path is None:
+                if touched:
+                    self.ts = build_state(self.cfg, self.rank, self.world_size, self.device)
+                self.ckpt.resumed()
+                self.log("fresh_start", rejected=rejected)
+                return
+            if any(name == choice.path.name for name, _ in rejected):
+                # rejected on load, then offered again (a restore from the remote tier): never loop
+                self.log("load_failed", name=choice.path.name, error="offered again after it failed its load")
+                raise RuntimeError(f"{choice.path.name} was offered again after it failed verification on load")
+            manifest = choice.manifest
+            mismatches = resume_mismatches(manifest["config"], self.cfg)
+            if mismatches:
+                raise ConfigError(f"cannot resume from {choice.path}: incompatible config: {'; '.join(mismatches)}")
+            probe.point("load.begin", name=choice.path.name, step=manifest["step"], micro=manifest["micro"])
+            started = time.perf_counter()
+            try:
+                load_checkpoint(self.ts, choice.path, manifest["world_size"], has_grads=manifest["micro"] > 0,
+                                reader=self.ckpt.reader(choice))
+            except BaseException as e:  # DCP's CheckpointException is a BaseException
+                corrupt = corrupt_file(e)
+                if corrupt is not None:  # found while reading it: as if validation had rejected it
+                    self.ckpt.reject(choice.path, corrupt)
+                    rejected.append((choice.path.name, corrupt))
+                    touched = True
+                    continue
+                # A checkpoint that validated but cannot be read (an I/O error): say so, and exit non-zero
+                # so that the orchestrator restarts the job, which validates from scratch again.
+                self.log("load_failed", name=choice.path.name, error=f"{type(e).__name__}: {e}"[:2000])
+                raise
+            break
+        load_s = time.perf_counter() - started  # the shards read, verified and loaded
+        self.ckpt.resumed()
         digests = component_digests(self.ts) if self.cfg.record_digests else None
         self.step_loss = torch.tensor(self.ts.progress.partial_loss, dtype=torch.float32)
         self.log("loaded", name=choice.path.name, step=manifest["step"], micro=manifest["micro"],
                  saved_world_size=manifest["world_size"], choose_s=choose_s, load_s=load_s, digests=digests,
-                 saved_digests=manifest.get("digests"), rejected=choice.rejected, latest_hint=choice.latest_hint)
+                 saved_digests=manifest.get("digests"), rejected=rejected, latest_hint=choice.latest_hint)
         probe.point("load.end", name=choice.path.name, step=manifest["step"], micro=manifest["micro"])
 
     # -- one micro-batch and one optimizer step ------------------------------------------------------
@@ -244,9 +264,10 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------------
 
     def run(self) -> int:
-        cfg, ts, p = self.cfg, self.ts, self.ts.progress
+        cfg = self.cfg
         probe.point("train.start", world_size=self.world_size, attempt=self.attempt)
         self.resume()
+        ts = self.ts  # built afresh by resume if a load failed and nothing else could be loaded
         p = ts.progress
         data = iter(ts.loader)
         last_time_save = time.monotonic()

@@ -159,6 +159,35 @@ def test_damaged_newest_checkpoint_is_rejected_and_the_older_one_used(golden, tm
     assert mismatches(gold, tmp_path) == []
 
 
+def test_when_every_checkpoint_fails_on_load_the_run_starts_afresh_from_a_clean_state(golden, tmp_path):
+    # The load verifies each shard as it reads it, so it has copied the intact rank's tensors by the
+    # time the other rank's shard fails: a fresh start must not train on from those.
+    gold = golden(2)
+    assert train(tmp_path, stop_after_microbatches=16) == 0, log_tail(tmp_path)
+    names = ["step_00000008", "step_00000004"]
+    for name in names:
+        shard = tmp_path / "checkpoints" / name / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+    assert train(tmp_path) == 0, log_tail(tmp_path)
+    fresh = trainer_events(tmp_path, "fresh_start")[-1]  # the first launch started fresh too
+    assert [name for name, _ in fresh["rejected"]] == names
+    assert all("__1_0.distcp fails its XXH3-128 checksum" in reason for _, reason in fresh["rejected"])
+    assert [e["name"] for e in trainer_events(tmp_path, "ckpt_rejected")] == names
+    assert mismatches(gold, tmp_path) == []
+
+
+def test_each_shard_is_verified_by_exactly_one_rank_at_any_world_size():
+    from reference_trainer.checkpoint import _verifier, read_while_loading
+    files = [f"__{r}_0.distcp" for r in range(4)]
+    for world in (1, 2, 3, 4, 8):
+        owners = {f: _verifier(f, world) for f in files}
+        assert all(0 <= r < world for r in owners.values())
+        assert set(owners.values()) == set(range(min(world, len(files))))
+    assert read_while_loading("__0_0.distcp") and not read_while_loading(".metadata")
+
+
 # Resumed after step 5. Dropout masks and batches show at step 6 itself; wrong Adam moments only
 # change the update of step 6, so the first loss they can change is step 7's.
 @pytest.mark.parametrize("module,part,first_divergent_step", [

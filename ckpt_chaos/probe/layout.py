@@ -129,9 +129,12 @@ def file_checksums(manifest: dict) -> dict[str, tuple[int, str]]:
     return {name: (want["size"], want[key]) for name, want in manifest["files"].items()}
 
 
-def validate(path: Path, verify_checksums: bool = True, name: str | None = None) -> str | None:
+def validate(path: Path, verify_checksums: bool = True, name: str | None = None,
+             read_later: Callable[[str], bool] | None = None) -> str | None:
     """None if ``path`` is a complete, intact checkpoint; otherwise the reason it is not.
-    ``name``: the name it will have (a download still in its temporary directory)."""
+    ``name``: the name it will have (a download still in its temporary directory).
+    ``read_later``: files whose checksum the caller verifies as it reads them (a trainer's load
+    that hashes what it reads); their presence and size are still checked here."""
     try:
         manifest = read_manifest(path)
     except FileNotFoundError:
@@ -154,8 +157,8 @@ def validate(path: Path, verify_checksums: bool = True, name: str | None = None)
             return f"{name} has {size} bytes, manifest says {want['size']}"
     if verify_checksums:
         # One reader per file (a rank's shard each): the disk serves concurrent reads faster.
-        names = list(manifest["files"])
-        with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+        names = [n for n in manifest["files"] if not (read_later and read_later(n))]
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
             sums = pool.map(lambda n: checksum_file(path / n, manifest["format"]), names)
             for name, got in zip(names, sums):
                 if got != manifest["files"][name].get(checksum.key):
@@ -184,12 +187,14 @@ class ResumeChoice:
     latest_hint: str | None
 
 
-def choose_resume(root: Path, verify_checksums: bool = True) -> ResumeChoice:
-    """The newest checkpoint that validates; older ones are tried in turn."""
+def choose_resume(root: Path, verify_checksums: bool = True,
+                  read_later: Callable[[str], bool] | None = None) -> ResumeChoice:
+    """The newest checkpoint that validates; older ones are tried in turn. ``read_later``: as for
+    ``validate``, and then the caller rejects a checkpoint whose load finds a file corrupt."""
     rejected: list[tuple[str, str]] = []
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
     for path in list_checkpoints(root):
-        reason = validate(path, verify_checksums)
+        reason = validate(path, verify_checksums, read_later=read_later)
         if reason is None:
             return ResumeChoice(path, read_manifest(path), rejected, latest)
         rejected.append((path.name, reason))
