@@ -21,6 +21,7 @@ that does not validate.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -123,6 +124,16 @@ class _HashingFileSystem(FileSystem):
             self.files[Path(new_path).name] = self.files.pop(Path(path).name)
 
 
+@functools.cache
+def _record_overhead(dtype: torch.dtype) -> int:
+    """What torch.save adds around a tensor's bytes in a shard (its zip headers and pickle, and on
+    average half of the 64-byte alignment of its data record)."""
+    buf = io.BytesIO()
+    with serialization_config.patch({"save.compute_crc32": False}):
+        torch.save(torch.empty(0, dtype=dtype), buf)
+    return len(buf.getvalue()) + 32
+
+
 # The key under which each rank's file entries ride to rank 0 in the write results DCP gathers
 # for ``finish`` anyway; ``finish`` takes them out before DCP writes its metadata.
 _FILES_KEY = "__reference_trainer_files__"
@@ -145,13 +156,16 @@ class ProbedWriter(FileSystemWriter):
 
     def write_data(self, plan, planner):
         started = time.perf_counter()
-        planned = 0
+        planned = 0  # the shard file's size, so that its progress is reported as a fraction of the file
         for item in plan.items:
-            if item.tensor_data is not None:
-                numel = 1
-                for s in item.tensor_data.chunk.sizes:
-                    numel *= s
-                planned += numel * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
+            if item.tensor_data is None:
+                planned += planner.resolve_data(item).getbuffer().nbytes
+                continue
+            numel = 1
+            for s in item.tensor_data.chunk.sizes:
+                numel *= s
+            dtype = item.tensor_data.properties.dtype
+            planned += numel * torch.empty((), dtype=dtype).element_size() + _record_overhead(dtype)
         self.fs = _HashingFileSystem(planned)
         # torch.save's CRC32 of each record is the serialization's slowest part and adds nothing:
         # the file checksum covers every byte and is validated before any load.

@@ -40,6 +40,13 @@ def test_reference_trainer_passes_a_mid_write_kill(tmp_path, golden_root):
     assert r.time_to_detect_s is not None and r.time_to_recover_s > r.time_to_detect_s
 
 
+def test_shard_progress_reported_ahead_of_the_file_is_caught_where_the_kill_landed(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml", "tests.planted.progress_of_tensors_only")
+    detail = failed(r)["fault_0_landed"]
+    assert "__1_0.distcp held 3" in detail or "__1_0.distcp held 4" in detail, detail  # 30-something %
+    assert "for a trigger at 50%" in detail and "reported progress its file did not have" in detail
+
+
 def test_a_hung_rank_is_noticed_by_its_peer_then_killed_as_torchrun_closes_it(tmp_path, golden_root):
     """The SIGSTOPped rank is SIGKILLed when torchrun starts closing it (not 30 s later): after its
     peer gave up at the collective timeout, so the hang is still the job's to notice."""

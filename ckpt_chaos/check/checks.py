@@ -12,6 +12,7 @@ checkpoint as the resume point (whichever validates after the crash), never a mi
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessEr
                                      trajectory,
                                      trajectory_records, trainer_events)
 from ckpt_chaos.faults import FaultKind
+from ckpt_chaos.probe.layout import TMP_PREFIX
 from ckpt_chaos.scenario import Scenario
 
 EXACT_FIELDS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_seen")
@@ -128,6 +130,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     report = Report(launches=len(run.launches()))
     _harness_health(run, report, harness_errors or [])
     _faults_fired(run, report)
+    _faults_landed(run, report)
     _completion(run, report)
     _fault_effects(run, report)
     _kind_effects(run, report)
@@ -166,6 +169,42 @@ def _faults_fired(run: Run, report: Report) -> None:
                    f"{f.kind} {f.target} fired at {t}" if i in fired else
                    f"{f.kind} {f.target} never fired: no probe event of launch {f.attempt} matched {t}; "
                    f"check faults[{i}].when against the points the trainer reports (history.jsonl)")
+
+
+# How far below its trigger's fraction a shard may be on disk: the trainer estimates its file's size
+# before writing it, and the last write may still sit in the stream's buffer.
+LANDED_SLACK = 0.05
+
+
+def _faults_landed(run: Run, report: Report) -> None:
+    """A fault aimed at a fraction of a shard's write (``when.min_fraction``) found at least that
+    much of the file on disk, measured against the size the golden run wrote it at: the trainer's
+    own count of its progress is what this checks, not what it trusts."""
+    for h in run.faults():
+        fraction = run.s.faults[h.index].when.min_fraction
+        if fraction is None or h.at.get("point") != "ckpt.shard.write":
+            continue
+        name = h.at.get("info", {}).get("file")
+        writing = (h.snapshot_before or {}).get("writing", {})
+        where = [p for p in writing if p.endswith("/" + str(name))]
+        if len(where) != 1:
+            report.add("landed", "unknown", f"{name} was not in exactly one save in progress when the fault fired "
+                       f"({', '.join(where) or 'none'})", fault=h.index)
+            continue
+        ckpt = where[0].split("/")[0].removeprefix(TMP_PREFIX)
+        manifest = run.golden / "checkpoints" / ckpt / "manifest.json"
+        try:
+            planned = json.loads(manifest.read_text())["files"][name]["size"]
+        except (OSError, ValueError, KeyError):
+            report.add("landed", "unknown", f"the golden run has no {name} in {ckpt} to measure it against",
+                       fault=h.index)
+            continue
+        got = writing[where[0]] / planned
+        ok = fraction - LANDED_SLACK <= got <= 1
+        report.add("landed", ok, fault=h.index, detail=
+                   f"{where[0]} held {got:.0%} of its {planned} bytes (the golden run's) when the fault fired, "
+                   f"for a trigger at {fraction:.0%}" + ("" if ok else
+                   ": the trainer's probe reported progress its file did not have"))
 
 
 def _completion(run: Run, report: Report) -> None:

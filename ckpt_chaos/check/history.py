@@ -293,8 +293,11 @@ def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:
     latest = latest_path.read_text().strip() if latest_path.is_file() else None
     strays = sorted(p.name for p in root.iterdir() if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)))
     valid = [n for n, reason in ckpts.items() if reason is None]
+    # the bytes of each file a save in progress has on disk: where a fault landed in its write
+    writing = {f"{d}/{f.name}": f.stat().st_size for d in strays if d.startswith(TMP_PREFIX)
+               for f in sorted((root / d).iterdir()) if f.is_file()}
     return {"checkpoints": ckpts, "latest": latest, "strays": strays,
-            "newest_valid": valid[0] if valid else None}
+            "newest_valid": valid[0] if valid else None, "writing": writing}
 
 
 def dcp_problem(path: Path) -> str | None:

@@ -153,12 +153,20 @@ def golden_run(module: str, cfg: dict, world_size: int, root: Path | None = None
             # retry once; a trainer that fails deterministically fails again and stops the scenario.
             print(f"ckpt-chaos: WARNING: golden run of {module} at world size {world_size} failed (exit {rc}), "
                   f"retrying once; its log: {work / 'torchrun.log'}", file=sys.stderr, flush=True)
-        shutil.rmtree(work / "checkpoints", ignore_errors=True)  # only the records are needed
+        _keep_manifests(work / "checkpoints")  # the records and each file's size are all that is needed
         if final.exists():
             shutil.rmtree(final)
         os.rename(work, final)
         (final / "golden.json").write_text(json.dumps({"module": module, "cfg": cfg, "world_size": world_size}))
     return final
+
+
+def _keep_manifests(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):
+        if path.is_file() and path.name != "manifest.json":
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
 
 
 # ---- the chaos run --------------------------------------------------------------------------
