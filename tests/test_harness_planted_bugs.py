@@ -204,3 +204,14 @@ def test_an_async_save_committed_although_its_write_failed_is_caught(tmp_path, g
     assert r.verdict == "fail"
     bad = failed(r)
     assert "fault_0_surfaced" in bad and "an error was swallowed" in bad["fault_0_surfaced"], bad
+
+
+def test_a_resume_that_ignores_the_step_a_manifest_records_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "storage/corrupt-manifests-then-eio-on-load.toml",
+            "tests.planted.ignores_manifest_step")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "step_00000010 was corrupted (manifest.json: step 10 -> 11) but launch 1 did not reject it" in bad[
+        "fault_2_detected"], bad
+    assert "launch 1 loaded step_00000010 although it was not a valid checkpoint: manifest says step 11.0" in bad[
+        "never_loaded_torn@1"]
