@@ -157,3 +157,40 @@ def test_a_kind_added_in_its_family_module_runs_end_to_end(tmp_path):
     assert r.resumed_from == ["step_00000004"] and r.launches == 2
     fired = of(read_history(r.run_dir), FaultFired)
     assert [h.fault for h in fired] == ["interrupt"] and fired[0].detail["ranks"] == [0]
+
+
+def test_corrupt_edits_a_manifest_and_damages_a_save_in_progress(tmp_path):
+    import json
+
+    from ckpt_chaos.faults.storage import corrupt
+    from ckpt_chaos.probe.layout import validate
+
+    def manifest(step: int) -> dict:
+        return {"format": 2, "step": step, "micro": 0, "files": {".metadata": {"size": 1, "xxh3_128": "x"}}}
+
+    for step in (2, 4, 6):
+        (tmp_path / f"step_{step:08d}").mkdir()
+        (tmp_path / f"step_{step:08d}" / "manifest.json").write_text(json.dumps(manifest(step)))
+    (tmp_path / ".tmp-step_00000008").mkdir()
+    (tmp_path / ".tmp-step_00000008" / "__1_0.distcp").write_bytes(b"0123456789")
+
+    def hit(checkpoint: str, corruption: str, file: str = "manifest.json") -> dict:
+        return corrupt(tmp_path, Fault(kind="corrupt", when=Trigger(point="step.begin"), corruption=corruption,
+                                       file=file, checkpoint=checkpoint))
+
+    assert hit("step_00000006", "wrong_format")["files"] == ["manifest.json: format 2 -> 99"]
+    assert validate(tmp_path / "step_00000006") == "manifest format 99 is not one of [1, 2]"
+    assert hit("step_00000004", "wrong_step")["files"] == ["manifest.json: step 4 -> 5"]
+    assert validate(tmp_path / "step_00000004") == "manifest says step 5.0, directory is step_00000004"
+    hit("step_00000002", "unlist_metadata")
+    assert validate(tmp_path / "step_00000002") == "manifest lists no DCP .metadata file"
+    done = hit("in_progress", "truncate", "__1_0.distcp")
+    assert done == {"checkpoint": ".tmp-step_00000008", "files": ["__1_0.distcp: 10 -> 5 bytes"], "in_progress": True}
+
+    data = {"world_size": 2, "trainer": {"max_steps": 8, "ckpt_every_steps": 2},
+            "faults": [{"kind": "corrupt", "corruption": "wrong_step", "when": {"point": "step.end"}}]}
+    with pytest.raises(ScenarioError, match=r"faults\[0\].file: corruption 'wrong_step' edits a manifest"):
+        from_dict(data, "x.toml", "x")
+    data["faults"][0].update(file="manifest.json", checkpoint="in_progress")
+    with pytest.raises(ScenarioError, match=r"faults\[0\].checkpoint: a save in progress has no manifest yet"):
+        from_dict(data, "x.toml", "x")

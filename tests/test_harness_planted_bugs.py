@@ -195,3 +195,30 @@ def test_a_restore_that_trusts_what_it_downloaded_is_caught(tmp_path, golden_roo
     assert "step_00000008 was corrupted on the remote tier (__1_0.distcp: 8 bits flipped" in bad["fault_0_detected"]
     assert "it resumed from step_00000008" in bad["fault_0_detected"]
     assert "launch 1 restored step_00000008 from the remote tier, which was" in bad["restored_durable@1"]
+
+
+def test_a_load_that_takes_an_io_error_for_a_corrupt_checkpoint_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "storage/corrupt-manifests-then-eio-on-load.toml",
+            "tests.planted.load_error_rejects_checkpoint")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "launch 1 resumed from step_00000002, expected step_00000004" in bad["resume_from"], bad
+
+
+def test_an_async_save_committed_although_its_write_failed_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "storage/errno-in-async-save-then-shard-cut-on-load.toml",
+            "tests.planted.async_write_error_ignored")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "fault_0_surfaced" in bad and "an error was swallowed" in bad["fault_0_surfaced"], bad
+
+
+def test_a_resume_that_ignores_the_step_a_manifest_records_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "storage/corrupt-manifests-then-eio-on-load.toml",
+            "tests.planted.ignores_manifest_step")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "step_00000010 was corrupted (manifest.json: step 10 -> 11) but launch 1 did not reject it" in bad[
+        "fault_2_detected"], bad
+    assert "launch 1 loaded step_00000010 although it was not a valid checkpoint: manifest says step 11.0" in bad[
+        "never_loaded_torn@1"]

@@ -390,11 +390,18 @@ def _resume_choice(run: Run, report: Report) -> None:
         cut = {h.at["info"].get("name") for h in run.faults()
                if h.launch == launch and h.at["point"] == "remote.download" and not _spec(run, h).heals}
         remote = [n for n, r in (before.remote or {}).get("checkpoints", {}).items() if r is None and n not in cut]
-        newest = _newest(snap["newest_valid"], *remote)
+        # a checkpoint a fault of this launch damaged after it validated, as its load began, is not valid
+        damaged = {h.detail.get("checkpoint") for h in run.faults()
+                   if h.launch == launch and h.at["point"] == "load.begin" and _spec(run, h).damages}
+        local = ([n for n, r in snap["checkpoints"].items() if r is None and n not in damaged]
+                 if damaged else [snap["newest_valid"]])
+        newest = _newest(*local, *remote)
         ok = name == newest
         report.add("resumed_newest_valid", ok, at=launch, detail=
                    f"launch {launch} resumed from {name or 'scratch'}, the newest valid checkpoint after the crash"
                    + (f" whose download no fault cut ({', '.join(sorted(cut))} cut)" if cut else "")
+                   + (f" and no fault damaged as its load began ({', '.join(sorted(damaged))} damaged)"
+                      if damaged else "")
                    if ok else f"launch {launch} resumed from {name or 'scratch'} but the newest valid checkpoint "
                    f"after the crash was {newest or 'none'}{_blame(run, before.t)}")
         if name is not None:

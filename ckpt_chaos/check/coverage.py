@@ -250,8 +250,10 @@ def setups_of(s: Scenario) -> set[str]:
     # a toxic on the upload link takes the uploader's error paths, one on the restore the trainer's
     out |= {f"toxic on the {f.params.link} link while {_phase(f.when.point)}"
             for f in s.faults if f.kind == "toxic"}
-    # each way of damaging each kind of file takes its own branch of the resume's validation
-    out |= {f"{f.params.corruption} of {_file_class(f.params.file)}" for f in s.faults if f.kind == "corrupt"}
+    # each way of damaging each kind of file takes its own branch of the resume's validation; damage
+    # before the commit meets the commit's checks instead, and damage after validation the load's
+    out |= {f"{f.params.corruption} of {_file_class(f.params.file)}{_when_damaged(f)}"
+            for f in s.faults if f.kind == "corrupt"}
     if s.recovery.changes:
         out.add("configuration changed on relaunch")
     if not s.probe:
@@ -266,6 +268,12 @@ def _phase(point: str) -> str:
         return "making a checkpoint durable"
     return ("uploading objects" if point.startswith("upload.") else
             "restoring" if point.startswith("remote.") else "training")
+
+
+def _when_damaged(f: Fault) -> str:
+    if f.params.checkpoint == "in_progress":
+        return " before its commit"
+    return " as its load begins" if f.when.point == "load.begin" else ""
 
 
 def _file_class(glob: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno as errno_module
 import fnmatch
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,10 @@ if TYPE_CHECKING:
 
 CALLS = ("open", "write", "read", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate", "any")
 LIBFIU_CALLS = ("open", "write", "fsync", "rename", "unlink", "truncate")
-CORRUPTIONS = ("truncate", "flip", "delete")
+CORRUPTIONS = ("truncate", "flip", "delete", "wrong_format", "wrong_step", "unlist_metadata")
+# Corruptions that edit what a manifest says (a bad copy, a tool rewriting it, a directory renamed
+# by hand) instead of damaging bytes: the manifest stays readable JSON, with its sizes and checksums.
+MANIFEST_EDITS = ("wrong_format", "wrong_step", "unlist_metadata")
 # Trainer events that report a storage failure.
 SURFACED = ("save_failed", "ckpt_rejected", "load_failed")
 
@@ -57,8 +61,10 @@ class SlowParams:
 @dataclass
 class CorruptParams:
     corruption: str = "truncate"  # truncate (to half) | flip (8 bits in the middle) | delete
+    # | on manifest.json only (MANIFEST_EDITS): wrong_format (an unknown format number), wrong_step
+    # (a step other than the directory's name), unlist_metadata (DCP's .metadata left out of its files)
     file: str = "*.distcp"  # glob over the checkpoint's files
-    checkpoint: str = "newest"  # newest | oldest | a checkpoint name
+    checkpoint: str = "newest"  # newest | oldest | a checkpoint name | in_progress (the save being written)
 
 
 class StorageNemesis(Nemesis):
@@ -136,9 +142,14 @@ class StorageNemesis(Nemesis):
 
 def corrupt(root: Path, fault: Fault) -> dict:
     """Damage files of a committed checkpoint under ``root`` (read beneath any fault layer)."""
-    from ckpt_chaos.probe.layout import list_checkpoints
+    from ckpt_chaos.probe.layout import TMP_PREFIX, list_checkpoints
 
     p = fault.params
+    if p.checkpoint == "in_progress":  # files already written, not yet committed: lost after the write
+        tmps = sorted(d for d in root.iterdir() if d.is_dir() and d.name.startswith(TMP_PREFIX))
+        if not tmps:
+            raise RuntimeError(f"corrupt: no save in progress in {root}; trigger the fault during a save")
+        return {**_damage(tmps[-1], p), "in_progress": True}
     ckpts = list_checkpoints(root)
     if not ckpts:
         raise RuntimeError(f"corrupt: no checkpoint in {root} to corrupt yet; trigger the fault later")
@@ -150,6 +161,10 @@ def corrupt(root: Path, fault: Fault) -> dict:
         target = root / p.checkpoint
         if not target.is_dir():
             raise RuntimeError(f"corrupt: {p.checkpoint} does not exist; have {[c.name for c in ckpts]}")
+    return _damage(target, p)
+
+
+def _damage(target: Path, p: CorruptParams) -> dict:
     files = sorted(f for f in target.iterdir() if f.is_file() and fnmatch.fnmatch(f.name, p.file))
     if not files:
         raise RuntimeError(f"corrupt: no file of {target.name} matches {p.file!r}")
@@ -166,10 +181,26 @@ def corrupt(root: Path, fault: Fault) -> dict:
                 fh.seek(size // 2)
                 fh.write(bytes([byte[0] ^ 0xFF]))
             done.append(f"{f.name}: 8 bits flipped at byte {size // 2}")
+        elif p.corruption in MANIFEST_EDITS:
+            done.append(f"{f.name}: {_edit_manifest(f, p.corruption)}")
         else:
             f.unlink()
             done.append(f"{f.name}: deleted")
     return {"checkpoint": target.name, "files": done}
+
+
+def _edit_manifest(path: Path, how: str) -> str:
+    """Rewrite a manifest as ``how`` says, in place (as a tool that edits it would); what changed."""
+    manifest = json.loads(path.read_text())
+    if how == "wrong_format":
+        manifest["format"], said = 99, f"format {manifest.get('format')!r} -> 99"
+    elif how == "wrong_step":
+        manifest["step"], said = manifest["step"] + 1, f"step {manifest['step']} -> {manifest['step'] + 1}"
+    else:
+        manifest["files"].pop(".metadata", None)
+        said = ".metadata left out of its files"
+    path.write_text(json.dumps(manifest, indent=1))
+    return said
 
 
 # ---- validation ----------------------------------------------------------------------------------
@@ -231,6 +262,12 @@ def _check_corrupt(s: Scenario, f: Fault) -> None:
     if f.params.corruption not in CORRUPTIONS:
         raise Invalid("corruption", f"unknown corruption {f.params.corruption!r}",
                       f"allowed: {', '.join(CORRUPTIONS)}")
+    if f.params.checkpoint == "in_progress" and f.params.corruption in MANIFEST_EDITS:
+        raise Invalid("checkpoint", "a save in progress has no manifest yet",
+                      "use truncate, flip or delete, or a committed checkpoint")
+    if f.params.corruption in MANIFEST_EDITS and f.params.file != "manifest.json":
+        raise Invalid("file", f"corruption {f.params.corruption!r} edits a manifest, not {f.params.file!r}",
+                      "use file = \"manifest.json\"")
 
 
 # ---- effect checks -------------------------------------------------------------------------------
@@ -322,22 +359,37 @@ def corruption_detected(run: Run, h: FaultFired, report: Report, rejected_event:
     """The next launch rejected the corrupted checkpoint (``where``: on the remote tier, after its
     download), with its reason, before it could load it."""
     name = h.detail.get("checkpoint")
-    later = [x for x in run.launches() if x > h.launch]
+    if h.detail.get("in_progress"):  # damaged between its write and its commit: the commit must refuse it
+        step = name[len(".tmp-"):]
+        failed = [e for e in run.trainer("save_failed", h.launch) if e.get("name") == step]
+        committed = [e for e in run.trainer("committed", h.launch) if e.get("name") == step]
+        report.add("detected", bool(failed) and not committed, fault=h.index, detail=
+                   f"the save of {step} failed: {failed[0].get('error', '')}"[:300] if failed and not committed else
+                   f"{step} was damaged after its files were written ({'; '.join(h.detail.get('files', []))}) "
+                   f"but {'it was committed' if committed else 'its save did not fail'}")
+        return
+    # damaged as a launch's load began (after its validation): that launch must find it
+    at_load = h.at.get("point") == "load.begin"
+    later = [x for x in run.launches() if x > h.launch or (at_load and x == h.launch)]
     if not later:
         report.add("detected", "unknown", f"{name} was corrupted{where} but no launch came after to load it",
                    fault=h.index)
         return
-    rejected = [e for e in run.trainer(rejected_event, later[0]) if e["name"] == name]
-    point = run.resume_point(later[0])
+    # the launches up to the first that resumed: one whose load failed (an I/O error) resumed nothing
+    upto = next((i for i, x in enumerate(later) if run.resume_point(x) is not None), 0)
+    looked = later[:upto + 1]
+    launch = looked[-1]
+    rejected = [(x, e) for x in looked for e in run.trainer(rejected_event, x) if e["name"] == name]
+    point = run.resume_point(launch)
     if rejected:
-        report.add("detected", True, f"launch {later[0]} rejected {name}{where}: {rejected[0]['reason']}",
+        report.add("detected", True, f"launch {rejected[0][0]} rejected {name}{where}: {rejected[0][1]['reason']}",
                    fault=h.index)
     elif point and point[0] and point[0] > name:
-        report.add("detected", "n/a", f"launch {later[0]} resumed from the newer {point[0]}: {name} was never a "
+        report.add("detected", "n/a", f"launch {launch} resumed from the newer {point[0]}: {name} was never a "
                    "candidate", fault=h.index)
     else:
         report.add("detected", False, fault=h.index, detail=
-                   f"{name} was corrupted{where} ({'; '.join(h.detail.get('files', []))}) but launch {later[0]} did "
+                   f"{name} was corrupted{where} ({'; '.join(h.detail.get('files', []))}) but launch {launch} did "
                    f"not reject it" + (f"; it resumed from {point[0]}" if point and point[0] else ""))
 
 KINDS = (
@@ -360,7 +412,7 @@ KINDS = (
               validate=_on_local_storage, needs=lambda p: frozenset({"faultfs", "lazy"}),
               ends_launch=True, crashes=True, loses_unsynced=True),
     FaultKind("corrupt", "storage", "truncate, flip bits in, or delete files of a committed checkpoint (newest, "
-              "oldest or by name)", CorruptParams, StorageNemesis, StorageNemesis.corrupt, "#b2182b",
+              "oldest or by name), or edit its manifest", CorruptParams, StorageNemesis, StorageNemesis.corrupt, "#b2182b",
               validate=_check_corrupt, effect_check=corruption_detected,
               describe=lambda f, h: f"corrupt ({f.params.corruption} {'; '.join(h.detail.get('files', []))})",
               damages=True),

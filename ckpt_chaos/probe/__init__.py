@@ -160,8 +160,9 @@ def _this_process() -> _Controller | None:
 
 
 def _after_fork_in_child() -> None:
-    global _connecting
+    global _connecting, _saving_coverage
     _connecting = threading.Lock()  # another thread of the parent may have held it at the fork
+    _saving_coverage = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -176,6 +177,9 @@ def point(name: str, /, **info) -> None:
     controller.report(name, info)
 
 
+_saving_coverage = threading.Lock()
+
+
 def _save_coverage() -> None:
     """Under ``ckpt-chaos run --coverage``: write the lines measured so far, since the controller's
     answer may be a SIGKILL that would take them with the process."""
@@ -183,7 +187,11 @@ def _save_coverage() -> None:
     cov = coverage.Coverage.current() if coverage is not None else None
     if cov is not None:
         try:
-            cov.save()
+            # one thread at a time: an async save probes from its writer thread while the loop
+            # probes too, and coverage.py's save is not thread-safe (concurrent saves failed with
+            # "database is locked" and left a rank stuck until the collective timeout)
+            with _saving_coverage:
+                cov.save()
         except Exception as e:  # measuring must never change the job
             print(f"ckpt-chaos probe: coverage data not saved: {e!r}", file=sys.stderr, flush=True)
 
