@@ -188,3 +188,12 @@ def test_a_restore_that_trusts_what_it_downloaded_is_caught(tmp_path, golden_roo
     assert "step_00000008 was corrupted on the remote tier (__1_0.distcp: 8 bits flipped" in bad["fault_0_detected"]
     assert "it resumed from step_00000008" in bad["fault_0_detected"]
     assert "launch 1 restored step_00000008 from the remote tier, which was" in bad["restored_durable@1"]
+
+
+def test_a_drain_that_never_replaces_a_dead_uploader_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/uploader-killed-during-final-drain.toml", "tests.planted.drain_without_respawn")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "training finished with step_00000008, but the newest durable remote checkpoint is step_00000006" in bad[
+        "final_durable"], bad
+

@@ -248,6 +248,8 @@ def setups_of(s: Scenario) -> set[str]:
     # a toxic on the upload link takes the uploader's error paths, one on the restore the trainer's
     out |= {f"toxic on the {f.params.link} link while {_phase(f.when.point)}"
             for f in s.faults if f.kind == "toxic"}
+    # the uploader is a process of its own: killing it takes the trainer's respawn paths, not a relaunch
+    out |= {f"{f.kind} of the uploader" for f in s.faults if f.target == "uploader"}
     # each way of damaging each kind of file takes its own branch of the resume's validation
     out |= {f"{f.params.corruption} of {_file_class(f.params.file)}" for f in s.faults if f.kind == "corrupt"}
     if s.recovery.changes:
