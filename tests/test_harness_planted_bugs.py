@@ -197,3 +197,10 @@ def test_a_drain_that_never_replaces_a_dead_uploader_is_caught(tmp_path, golden_
     assert "training finished with step_00000008, but the newest durable remote checkpoint is step_00000006" in bad[
         "final_durable"], bad
 
+
+def test_a_restore_that_an_unreachable_remote_tier_stops_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/remote-unreachable-across-restart.toml", "tests.planted.restore_needs_remote")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "training did not finish (last launch exit status 1)" in bad["job_completed"], bad
+    assert "steps 7..10 of the golden run were never trained" in bad["trajectory"], bad
