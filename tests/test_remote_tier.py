@@ -134,3 +134,24 @@ def test_the_remote_tier_lists_and_removes_what_a_dead_harness_left(tmp_path):
     finally:
         orphan.kill()
         orphan.wait()
+
+
+def test_the_uploaders_retries_keep_the_launch_attempt_of_their_events(tmp_path):
+    """Its events carry the launch in ``attempt`` like every trainer event: a retry's own number must
+    not overwrite it (the checks took each retry for a launch of its own)."""
+    import io
+
+    from reference_trainer import remote
+
+    class Unreachable:
+        def matches(self, *a):
+            raise ConnectionError("reset")
+
+    up = object.__new__(remote.Uploader)
+    up.events, up.attempt, up.process_id, up.store, up.done = io.StringIO(), 0, "p", Unreachable(), set()
+    manifest = {"format": 1, "files": {".metadata": {"size": 1, "sha256": "x"}}}
+    assert up._upload("step_00000002", tmp_path, manifest, retries=3, backoff=0.0, started=0.0) is False
+    events = [json.loads(line) for line in up.events.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["upload_retry"] * 3 + ["upload_failed"]
+    assert {e["attempt"] for e in events} == {0}
+    assert [e["upload_attempt"] for e in events[:3]] == [1, 2, 3]
