@@ -204,3 +204,11 @@ def test_a_restore_that_an_unreachable_remote_tier_stops_is_caught(tmp_path, gol
     bad = failed(r)
     assert "training did not finish (last launch exit status 1)" in bad["job_completed"], bad
     assert "steps 7..10 of the golden run were never trained" in bad["trajectory"], bad
+
+
+def test_an_uploader_that_trusts_its_puts_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/shard-truncated-before-upload.toml", "tests.planted.uploader_trusts_its_puts")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "step_00000004 is marked durable (manifest.json uploaded) but __1_0.distcp has" in bad[
+        "remote_durable_complete@0"], bad

@@ -258,6 +258,9 @@ def setups_of(s: Scenario) -> set[str]:
         out.add("unprobed trainer")
     if s.remote is not None:
         out.add("remote tier")
+        # local damage before the upload: the uploader's check of its objects must keep it off the remote tier
+        if "storage" in s.families:
+            out.add("storage faults with a remote tier")
     return out
 
 
