@@ -396,7 +396,7 @@ class Uploader:
                 return False
             except Exception as e:  # botocore, socket and verification errors alike: retry
                 error = f"{type(e).__name__}: {e}"[:500]
-                self.log("upload_retry", name=name, attempt=attempt, error=error)
+                self.log("upload_retry", name=name, upload_attempt=attempt, error=error)
                 probe.point("upload.failed", name=name, attempt=attempt, error=error)
                 if attempt < retries:
                     time.sleep(backoff * 2 ** (attempt - 1))

@@ -222,3 +222,27 @@ def test_a_resume_that_ignores_the_step_a_manifest_records_is_caught(tmp_path, g
         "fault_2_detected"], bad
     assert "launch 1 loaded step_00000010 although it was not a valid checkpoint: manifest says step 11.0" in bad[
         "never_loaded_torn@1"]
+
+
+def test_a_drain_that_never_replaces_a_dead_uploader_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/uploader-killed-during-final-drain.toml", "tests.planted.drain_without_respawn")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "training finished with step_00000008, but the newest durable remote checkpoint is step_00000006" in bad[
+        "final_durable"], bad
+
+
+def test_a_restore_that_an_unreachable_remote_tier_stops_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/remote-unreachable-across-restart.toml", "tests.planted.restore_needs_remote")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "training did not finish (last launch exit status 1)" in bad["job_completed"], bad
+    assert "steps 7..10 of the golden run were never trained" in bad["trajectory"], bad
+
+
+def test_an_uploader_that_trusts_its_puts_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/shard-truncated-before-upload.toml", "tests.planted.uploader_trusts_its_puts")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "step_00000004 is marked durable (manifest.json uploaded) but __1_0.distcp has" in bad[
+        "remote_durable_complete@0"], bad

@@ -100,6 +100,19 @@ def test_bad_remote_input_names_the_file_key_and_fix(data, key, words):
     assert words in str(e.value)
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_heal_in_a_later_launch_lifts_a_kept_toxic_only(keep):
+    data = _scenario(remote={}, recovery={"max_restarts": 1}, faults=[
+        {"kind": "toxic", "toxic": "reset_peer", "keep": keep, "when": {"point": "step.end", "rank": 0, "step": 3}},
+        {"kind": "kill", "target": "rank:1", "when": {"point": "step.end", "rank": 1, "step": 4}},
+        {"kind": "heal", "attempt": 1, "when": {"point": "step.end", "rank": 0, "step": 5}}])
+    if keep:
+        from_dict(data, "scenarios/remote/x.toml", "x")
+        return
+    with pytest.raises(ScenarioError, match="faults\\[2\\].kind: heal without a toxic in the same launch"):
+        from_dict(data, "scenarios/remote/x.toml", "x")
+
+
 def test_the_remote_tier_lists_and_removes_what_a_dead_harness_left(tmp_path):
     import os
     import subprocess
@@ -121,3 +134,24 @@ def test_the_remote_tier_lists_and_removes_what_a_dead_harness_left(tmp_path):
     finally:
         orphan.kill()
         orphan.wait()
+
+
+def test_the_uploaders_retries_keep_the_launch_attempt_of_their_events(tmp_path):
+    """Its events carry the launch in ``attempt`` like every trainer event: a retry's own number must
+    not overwrite it (the checks took each retry for a launch of its own)."""
+    import io
+
+    from reference_trainer import remote
+
+    class Unreachable:
+        def matches(self, *a):
+            raise ConnectionError("reset")
+
+    up = object.__new__(remote.Uploader)
+    up.events, up.attempt, up.process_id, up.store, up.done = io.StringIO(), 0, "p", Unreachable(), set()
+    manifest = {"format": 1, "files": {".metadata": {"size": 1, "sha256": "x"}}}
+    assert up._upload("step_00000002", tmp_path, manifest, retries=3, backoff=0.0, started=0.0) is False
+    events = [json.loads(line) for line in up.events.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["upload_retry"] * 3 + ["upload_failed"]
+    assert {e["attempt"] for e in events} == {0}
+    assert [e["upload_attempt"] for e in events[:3]] == [1, 2, 3]

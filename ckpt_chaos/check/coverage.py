@@ -250,6 +250,8 @@ def setups_of(s: Scenario) -> set[str]:
     # a toxic on the upload link takes the uploader's error paths, one on the restore the trainer's
     out |= {f"toxic on the {f.params.link} link while {_phase(f.when.point)}"
             for f in s.faults if f.kind == "toxic"}
+    # the uploader is a process of its own: killing it takes the trainer's respawn paths, not a relaunch
+    out |= {f"{f.kind} of the uploader" for f in s.faults if f.target == "uploader"}
     # each way of damaging each kind of file takes its own branch of the resume's validation; damage
     # before the commit meets the commit's checks instead, and damage after validation the load's
     out |= {f"{f.params.corruption} of {_file_class(f.params.file)}{_when_damaged(f)}"
@@ -260,6 +262,9 @@ def setups_of(s: Scenario) -> set[str]:
         out.add("unprobed trainer")
     if s.remote is not None:
         out.add("remote tier")
+        # local damage before the upload: the uploader's check of its objects must keep it off the remote tier
+        if "storage" in s.families:
+            out.add("storage faults with a remote tier")
     return out
 
 

@@ -146,7 +146,10 @@ def _check_partition(s: Scenario, f: Fault) -> None:
 
 
 def _check_heal(s: Scenario, f: Fault) -> None:
-    lifted = any(g.spec.healable and g.attempt == f.attempt for g in s.faults)
+    # a toxic kept across relaunches (``keep``) is still there to heal in a later launch
+    lifted = any(g.spec.healable and (g.attempt == f.attempt
+                                      or (g.attempt < f.attempt and getattr(g.params, "keep", False)))
+                 for g in s.faults)
     if not s.cluster.multi_node and s.remote is not None:  # the remote tier's toxics, on the local backend
         if not lifted:
             raise Invalid("kind", "heal without a toxic in the same launch", "add a toxic fault")
