@@ -80,10 +80,13 @@ def lr_factor(cfg: TrainConfig):
 class _Signals:
     sigterm = False
     reported = False
+    at: float | None = None  # time.monotonic() of the first SIGTERM: the grace period runs from it
 
 
 def _on_sigterm(signum, frame) -> None:
     # Signal context: only set a flag; the loop acts on it at the next micro-batch boundary.
+    if _Signals.at is None:
+        _Signals.at = time.monotonic()
     _Signals.sigterm = True
 
 
@@ -317,6 +320,7 @@ class Trainer:
     def save_and_exit(self, reason: str) -> int:
         """Emergency/planned stop: a blocking checkpoint at this exact position, then exit 0."""
         started = time.perf_counter()
+        signalled = _Signals.at if reason == "preempt" and _Signals.at is not None else time.monotonic()
         p = self.ts.progress
         self.ckpt.wait()
         if self.ckpt.last_saved != (p.step, p.micro):
@@ -324,12 +328,15 @@ class Trainer:
                 self.fold_partial_step()
             self.ckpt.save(self.ts, reason, blocking=True)
         elapsed = time.perf_counter() - started
-        # What is left of the grace period goes to the uploader (the emergency checkpoint's way off the node).
-        self.upload_drain_s = min(self.cfg.upload_drain_s, self.cfg.preempt_grace_s - elapsed - 1.0)
-        self.log("stopped", reason=reason, step=p.step, micro=p.micro, save_s=elapsed,
+        # What is left of the grace period goes to the uploader (the emergency checkpoint's way off the
+        # node): the period runs from the SIGTERM, and the ranks may first have finished a step and a
+        # cadence save before they agreed to stop.
+        used = time.monotonic() - signalled
+        self.upload_drain_s = min(self.cfg.upload_drain_s, self.cfg.preempt_grace_s - used - 1.0)
+        self.log("stopped", reason=reason, step=p.step, micro=p.micro, save_s=elapsed, since_signal_s=used,
                  grace_s=self.cfg.preempt_grace_s)
-        if reason == "preempt" and elapsed > self.cfg.preempt_grace_s:
-            print(f"[reference_trainer] WARNING: emergency save took {elapsed:.1f}s, over the "
+        if reason == "preempt" and used > self.cfg.preempt_grace_s:
+            print(f"[reference_trainer] WARNING: emergency save ended {used:.1f}s after SIGTERM, over the "
                   f"{self.cfg.preempt_grace_s}s grace period", flush=True)
         probe.point("train.end", reason=reason, step=p.step, micro=p.micro)
         return 0
