@@ -111,3 +111,23 @@ def test_launches_that_test_torchrun_itself_keep_torchrun(monkeypatch):
     monkeypatch.setenv(launcher.ENV_LAUNCHER, "mpirun")
     with pytest.raises(ValueError, match="CKPT_CHAOS_LAUNCHER='mpirun': use one of agent, torchrun"):
         launcher.chosen_launcher()
+
+
+@pytest.mark.slow
+def test_a_launch_never_lands_on_a_spare_whose_last_job_is_still_being_killed(tmp_path):
+    # kill() finds a job's processes by its spare's marker, pass after pass; a relaunch started on
+    # that spare between two passes (the job's exit already reported) would be killed with it.
+    first = start(tmp_path / "a", "agent", "term")
+    for r in (0, 1):
+        wait_for(tmp_path / "a" / f"rank{r}.json")
+    first.kill()
+    first.killing = True  # as if a kill were still between two of its passes
+    second = start(tmp_path / "b", "agent", "term")
+    try:
+        assert second.marker != first.marker, "the relaunch shared the spare of a job still being killed"
+    finally:
+        first.killing = False
+        second.kill()
+    third = start(tmp_path / "c", "agent", "term")
+    third.kill()
+    assert third.marker in (first.marker, second.marker), "an idle spare was not reused"

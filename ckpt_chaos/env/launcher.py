@@ -369,7 +369,9 @@ class _Spare:
     def idle(self) -> bool:
         if self.job is None:
             return True
-        if self.job.processes():
+        # A kill still in progress finds the job's processes by the spare's marker, pass after pass:
+        # a launch started on this spare meanwhile would be taken for them and killed too.
+        if self.job.killing or self.job.processes():
             return False
         self.job = None
         return True
@@ -393,6 +395,7 @@ class AgentJob(Job):
         super().__init__(spare.popen, spare.marker, log_path)
         self.agent_pid, self._spare = agent_pid, spare
         self._status, self._buf, self._ranks, self._rc = status, b"", {}, None
+        self.killing = False  # kill() is under way (from a nemesis or timer thread, maybe)
         # the supervisor polls the job while a nemesis thread may kill it: the status pipe must not
         # be closed by one between the other's check and its read
         self._lock = threading.RLock()
@@ -479,13 +482,17 @@ class AgentJob(Job):
             super().kill()
             self._spare.close()  # it served this launch itself, and is gone with it
         else:
-            for _ in range(3):
-                procs = self.processes()
-                if not procs:
-                    break
-                kill_processes(procs)
-                psutil.wait_procs([q for q in procs if q.pid != self.agent_pid], timeout=5)
-            self.wait(5)  # the spare reaps the agent and says how it ended
+            self.killing = True
+            try:
+                for _ in range(3):
+                    procs = self.processes()
+                    if not procs:
+                        break
+                    kill_processes(procs)
+                    psutil.wait_procs([q for q in procs if q.pid != self.agent_pid], timeout=5)
+                self.wait(5)  # the spare reaps the agent and says how it ended
+            finally:
+                self.killing = False
         with self._lock:
             self._read_locked()
             if self._status >= 0:
