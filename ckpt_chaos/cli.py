@@ -17,6 +17,7 @@ import sys
 import time
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from ckpt_chaos import __version__, config
 from ckpt_chaos.extras import missing_extra
@@ -401,16 +402,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     return code
 
 
+def _checkpoint_rows(root: Path, verify_checksums: bool) -> list[dict[str, Any]]:
+    """A row per checkpoint directory: name, validity and the manifest's key facts."""
+    from ckpt_chaos.probe.layout import list_checkpoints, read_manifest, validate
+
+    rows = []
+    for path in list_checkpoints(root):
+        reason = validate(path, verify_checksums)
+        row: dict[str, Any] = {"name": path.name, "valid": reason is None, "reason": reason or ""}
+        if reason is None:
+            m = read_manifest(path)
+            row.update(world_size=m["world_size"], tokens_seen=m["tokens_seen"], loss=m["loss"],
+                       bytes=sum(v["size"] for v in m["files"].values()))
+        rows.append(row)
+    return rows
+
+
 def cmd_ckpts(args: argparse.Namespace) -> int:
     """List the checkpoints of a run directory (or a checkpoint directory) and whether each validates."""
-    from ckpt_chaos.probe.layout import LATEST, describe
+    from ckpt_chaos.probe.layout import LATEST
 
     root = Path(args.dir)
     if (root / "checkpoints").is_dir():
         root = root / "checkpoints"
     if not root.is_dir():
         raise UsageError(f"{root}: not a folder; give a run directory or its checkpoints/ folder")
-    rows = describe(root, verify_checksums=not args.fast)
+    rows = _checkpoint_rows(root, verify_checksums=not args.fast)
     if args.json:
         _json_out(rows)
         return EXIT_OK

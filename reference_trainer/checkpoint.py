@@ -52,7 +52,7 @@ from ckpt_chaos import probe
 
 from ckpt_chaos.probe.layout import (  # noqa: F401  (re-exported: the directory layout is part of this module's API)
     MANIFEST, LATEST, TMP_PREFIX, TRASH_PREFIX, REJECTED, FORMAT, CHECKSUMS,
-    ResumeChoice, checkpoint_name, checksum_file, choose_resume, describe, fsync_path, list_checkpoints,
+    ResumeChoice, checkpoint_name, checksum_file, choose_resume, fsync_path, list_checkpoints,
     discard, file_checksums, parse_name, quarantine, read_manifest, remove_tree, validate, write_durably,
 )
 from .state import TrainState, checkpoint_state, component_digests
@@ -275,9 +275,7 @@ class VerifyingReader(FileSystemReader):
             tensor = torch.load(stream, map_location="cpu", weights_only=True)
             tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
             target = planner.resolve_tensor(req).detach()
-            if target.size() != tensor.size():
-                raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
-            target.copy_(tensor)
+            target.copy_(tensor)  # which refuses a tensor of another size
             planner.commit_tensor(req, target)
 
 
@@ -304,9 +302,8 @@ def _hash_through(f, h, n: int | None) -> int:
 
 
 def corrupt_file(error: BaseException) -> str | None:
-    """The reason a load failed if a file failed its verification on any rank, else None."""
-    if isinstance(error, FileCorrupt):
-        return str(error)
+    """The reason a load failed if a file failed its verification on any rank, else None (DCP
+    raises every rank's failure in a CheckpointException)."""
     for failure in getattr(error, "failures", {}).values():
         found = failure[0] if isinstance(failure, tuple) else failure
         if isinstance(found, FileCorrupt):

@@ -256,6 +256,11 @@ def setups_of(s: Scenario) -> set[str]:
     # before the commit meets the commit's checks instead, and damage after validation the load's
     out |= {f"{f.params.corruption} of {_file_class(f.params.file)}{_when_damaged(f)}"
             for f in s.faults if f.kind == "corrupt"}
+    # the newest checkpoint damaged is one the resume must reject and quarantine, with a note it
+    # cannot write on a disk that stays full (an older one may be gone to retention before that)
+    if any(f.kind == "corrupt" and f.params.checkpoint == "newest" for f in s.faults) and any(
+            f.kind == "disk_full" and f.params.keep_full for f in s.faults):
+        out.add("the newest checkpoint damaged on a disk that stays full")
     if s.recovery.changes:
         out.add("configuration changed on relaunch")
     if not s.probe:

@@ -199,17 +199,3 @@ def choose_resume(root: Path, verify_checksums: bool = True,
             return ResumeChoice(path, read_manifest(path), rejected, latest)
         rejected.append((path.name, reason))
     return ResumeChoice(None, None, rejected, latest)
-
-
-def describe(root: Path, verify_checksums: bool = True) -> list[dict[str, Any]]:
-    """A row per checkpoint directory: name, validity and the manifest's key facts (for the CLI)."""
-    rows = []
-    for path in list_checkpoints(root):
-        reason = validate(path, verify_checksums)
-        row: dict[str, Any] = {"name": path.name, "valid": reason is None, "reason": reason or ""}
-        if reason is None:
-            m = read_manifest(path)
-            row.update(world_size=m["world_size"], tokens_seen=m["tokens_seen"], loss=m["loss"],
-                       bytes=sum(v["size"] for v in m["files"].values()))
-        rows.append(row)
-    return rows
