@@ -49,15 +49,18 @@ test: setup
 
 # CHAOS_FLAGS=--strict (CI): a scenario this machine cannot run fails the suite instead of skipping.
 # CHAOS_SUITE=full (nightly): every scenario, not only the default suite's.
+# CHAOS_JOBS: scenarios side by side (run -n); those whose verdict hangs on wall-clock time still
+# run alone, so the verdicts are a serial run's. CHAOS_JOBS=1: one after the other.
 CHAOS_SUITE ?= default
+CHAOS_JOBS  ?= auto
 chaos: setup
-	$(VENV)/bin/ckpt-chaos run --suite $(CHAOS_SUITE) $(CHAOS_FLAGS)
+	$(VENV)/bin/ckpt-chaos run --suite $(CHAOS_SUITE) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
 	@if command -v chromium >/dev/null; then $(VENV)/bin/ckpt-chaos report reports/$(CHAOS_SUITE)/latest --no-plots --browser; \
 	else echo "WARNING: no chromium here: the report was not checked in a browser (make setup installs it as root)" >&2; fi
 # Fault-schedule search against the reference trainer: a small fixed budget and seed (CI); a finding
 # fails the target and is kept in the catalogue's regressions folder, where it joins the default
 # suite. Nightly: ckpt-chaos explore --budget 2h.
-	$(VENV)/bin/ckpt-chaos explore --budget 150s --shrink-budget 120s --seed 0 --no-database \
+	$(VENV)/bin/ckpt-chaos explore --budget 90s --shrink-budget 120s --seed 0 --no-database \
 	  --regressions ckpt_chaos/scenarios/regressions
 
 # Third-party trainers, unmodified (examples/: a plain PyTorch DDP loop, Lightning, Accelerate), each
@@ -65,7 +68,7 @@ chaos: setup
 # a known failure (xfail): CI stays green while it is there and turns red the day it is fixed.
 EXAMPLES := examples/plain_ddp/scenarios examples/lightning/scenarios examples/accelerate/scenarios
 chaos-examples: setup
-	$(VENV)/bin/ckpt-chaos run --suite examples $(addprefix --scenarios ,$(EXAMPLES)) $(CHAOS_FLAGS)
+	$(VENV)/bin/ckpt-chaos run --suite examples $(addprefix --scenarios ,$(EXAMPLES)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
 
 # Which lines of the reference trainer's checkpoint path the default suite reaches, every process
 # measured; the figures and each unreached line with its reason: benchmarks/results/trainer_coverage.md.

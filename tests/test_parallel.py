@@ -32,13 +32,14 @@ CATALOGUE = builtin_scenarios()
 
 # ---- the policy: what may run beside what ------------------------------------------------------------
 
-def test_timing_sensitive_and_multi_node_scenarios_run_alone():
+def test_timing_sensitive_and_engine_wide_scenarios_run_alone():
     def w(path: str) -> Weight:
         return weight(load(CATALOGUE / path))
 
     assert w("process/kill-rank1-mid-shard-write.toml") == Weight(ranks=2)
     assert w("storage/errno-eio-on-shard-fsync.toml") == Weight(ranks=2)
     assert w("process/kill-node-resume-on-two-of-four.toml").ranks == 4  # the relaunch's world counts
+    assert w("slurm/slurm-kill-rank1-mid-shard-write.toml") == Weight(ranks=2)  # a private cluster
     for path, why in [("process/hang-rank1-sigstop.toml", "stop fault"),
                       ("process/preempt-mid-accumulation.toml", "term fault"),
                       ("storage/slow-storage-sync-save.toml", "slow fault"),
@@ -46,7 +47,9 @@ def test_timing_sensitive_and_multi_node_scenarios_run_alone():
                       ("process/unprobed-kill-when-shard-file-appears.toml", "triggered from outside"),
                       ("remote/uploader-killed-mid-object.toml", "remote tier"),
                       ("cluster/netns-unplug-node-mid-shard-write.toml", "netns nodes"),
-                      ("cluster/docker-kill-node-mid-shard-write.toml", "docker nodes")]:
+                      ("cluster/docker-kill-node-mid-shard-write.toml", "docker nodes"),
+                      ("slurm/slurm-preempt-mid-shard-write-grace-honoured.toml", "preempt fault"),
+                      ("slurm/slurm-requeued-three-times.toml", "requeue fault")]:
         assert why in (w(path).alone or ""), (path, w(path))
 
 

@@ -51,8 +51,7 @@ Scenarios on the ``slurm`` backend (``[cluster] backend = "slurm"``) start a Slu
 (their faults need its daemons: a node set down has its slurmd killed). They are not nested inside a fan-out job: a second set of
 daemons inside a job of the throwaway cluster would be a cluster inside a cluster on the same machine,
 killed by the outer one's process tracking and competing with its jobs for the cores. They run here, in
-the harness, one at a time, after the fan-out's jobs have ended and the throwaway cluster has stopped:
-the backend makes them ``alone`` anyway, so this is also where a local run would put them.
+the harness, one at a time, after the fan-out's jobs have ended and the throwaway cluster has stopped.
 """
 
 from __future__ import annotations

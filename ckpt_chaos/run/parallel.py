@@ -16,6 +16,8 @@ What runs together is decided by the scenarios, not only by ``-n`` (``weight``):
   (``expect.detect_within_s``, a deadline below the default), a collective timeout below the
   catalogue's 15 s, a wall-clock checkpoint cadence, a remote tier (S3 request timeouts, a drain
   deadline) and Docker or netns nodes (engine-wide set-up, teardown timed by the collective timeout).
+  A Slurm scenario may share: its cluster is private, and the kinds whose outcome hangs on Slurm's
+  timers (preempt, requeue, time_limit) are ``timed``.
 
 Nothing a scenario checks is scaled or relaxed: a timeout stretched for load would be another
 scenario, and another golden run. Timings in the report (time to detect, to recover) are measured
@@ -90,7 +92,10 @@ def alone_because(s) -> str | None:
     """Why scenario ``s`` must run alone for its verdict to be the serial one (None: it need not)."""
     from ckpt_chaos.scenario import Expect
 
-    if s.cluster.multi_node:
+    # A Slurm scenario's cluster is its own (daemons on ports drawn for it, state in its run folder)
+    # and its waits are Slurm's timers, not CPU; its timed kinds (preempt, requeue, time_limit) stay
+    # alone below. Docker and netns nodes share the engine and the host's network set-up.
+    if s.cluster.multi_node and s.cluster.backend != "slurm":
         return f"{s.cluster.backend} nodes: engine-wide set-up, teardown timed by the collective timeout"
     if s.remote is not None:
         return "a remote tier: S3 request timeouts and a drain deadline"
