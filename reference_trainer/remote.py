@@ -250,8 +250,12 @@ class UploadQueue:
                                                    "remote_keep_last", "upload_retries", "upload_backoff_s",
                                                    "run_dir")}
         args["ckpt_dir"] = str(self.cfg.checkpoint_dir)
+        args["parent_pid"] = os.getpid()
+        # No preexec_fn: without one, Popen starts the child with vfork instead of fork, and rank 0
+        # does not copy its page tables when submit() replaces a dead uploader on the training loop
+        # (a fork stalls a step by tenths of a second). The uploader ties its life to rank 0 itself.
         self.proc = subprocess.Popen([sys.executable, "-m", UPLOADER_MODULE, json.dumps(args)],
-                                     stdin=subprocess.PIPE, env=env, preexec_fn=_die_with_parent)
+                                     stdin=subprocess.PIPE, env=env)
         self.started += 1
         self.log("uploader_started", pid=self.proc.pid, n=self.started)
 
@@ -304,11 +308,15 @@ class UploadQueue:
             self._spawn()
 
 
-def _die_with_parent() -> None:
-    # The uploader belongs to its trainer: if rank 0 dies, so does it (as on a lost node).
+def _die_with_parent(parent_pid: int) -> None:
+    """The uploader belongs to its trainer: if rank 0 dies, so does it (as on a lost node)."""
     import ctypes
 
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # Rank 0 may have died between the spawn and the prctl: then this process was already
+    # re-parented, and no signal will come.
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---- the uploader process ------------------------------------------------------------------------------
@@ -463,6 +471,7 @@ def main() -> int:
     # CPU time from training (hashing and HTTP would otherwise slow the steps down).
     os.nice(10)
     args = json.loads(sys.argv[1])
+    _die_with_parent(args["parent_pid"])
     uploader = Uploader(args)
     uploader.log("uploader_up", pid=os.getpid())
     return uploader.run(sys.stdin.buffer)

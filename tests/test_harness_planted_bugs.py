@@ -172,6 +172,16 @@ def test_a_time_cadence_lost_on_resume_is_caught_by_a_second_crash(tmp_path, gol
     assert "lost_work@2" in bad and "at most 6 allowed" in bad["lost_work@2"], bad
 
 
+def test_an_emergency_save_skipped_at_a_step_boundary_is_caught(tmp_path, golden_root):
+    scenario = "process/preempt-on-the-last-micro-batch-of-a-step.toml"
+    assert run(tmp_path / "reference", golden_root, scenario).verdict == "pass"
+    r = run(tmp_path / "planted", golden_root, scenario, "tests.planted.emergency_save_mid_step_only")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "lost_work@2" in bad and "2 step(s) lost" in bad["lost_work@2"], bad
+    assert "fault_0_preemption_handled" not in bad  # at the cadence step the checkpoint was there
+
+
 def test_a_resume_that_checks_sizes_but_not_checksums_is_caught(tmp_path, golden_root):
     r = run(tmp_path, golden_root, "storage/corrupt-four-newest-four-ways.toml", "tests.planted.validates_sizes_only")
     assert r.verdict == "fail"

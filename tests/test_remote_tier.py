@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -155,3 +159,57 @@ def test_the_uploaders_retries_keep_the_launch_attempt_of_their_events(tmp_path)
     assert [e["event"] for e in events] == ["upload_retry"] * 3 + ["upload_failed"]
     assert {e["attempt"] for e in events} == {0}
     assert [e["upload_attempt"] for e in events[:3]] == [1, 2, 3]
+
+
+
+def _uploader_args(run_dir: Path, parent_pid: int) -> str:
+    return json.dumps({"remote_url": "s3://bucket/run", "remote_endpoint": "http://127.0.0.1:9", "remote_timeout_s": 1,
+                       "remote_keep_last": 1, "upload_retries": 0, "upload_backoff_s": 0, "run_dir": str(run_dir),
+                       "ckpt_dir": str(run_dir / "checkpoints"), "parent_pid": parent_pid})
+
+
+def test_an_uploader_whose_rank_0_is_already_gone_kills_itself(tmp_path):
+    """Rank 0 can die between starting the uploader and the uploader's prctl: the uploader has then
+    been re-parented already, and must not live on unowned."""
+    from reference_trainer import remote
+
+    p = subprocess.run([sys.executable, "-m", remote.UPLOADER_MODULE, _uploader_args(tmp_path, 1)], input=b"",
+                       timeout=60)
+    assert p.returncode == -9
+    assert not (tmp_path / "events.jsonl").exists()  # killed before it did anything
+
+
+def test_the_uploader_dies_with_rank_0(tmp_path):
+    """Started without a preexec_fn (so that Popen can vfork on the training loop), the uploader ties
+    its life to rank 0 itself: a SIGKILLed rank 0 takes its uploader with it, as on a lost node."""
+    rank0 = (
+        "import os, subprocess, sys, time\n"
+        "from reference_trainer import remote\n"
+        "from tests.test_remote_tier import _uploader_args\n"
+        "from pathlib import Path\n"
+        "up = subprocess.Popen([sys.executable, '-m', remote.UPLOADER_MODULE, _uploader_args(Path(sys.argv[1]), os.getpid())],\n"
+        "                      stdin=subprocess.PIPE)\n"
+        # a process that outlives rank 0 holds the pipe open: the uploader sees no end of its input
+        "holder = subprocess.Popen(['sleep', '600'], pass_fds=(up.stdin.fileno(),), start_new_session=True)\n"
+        "print(up.pid, holder.pid, flush=True)\n"
+        "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", rank0, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        up_pid, holder_pid = map(int, parent.stdout.readline().split())
+        uploader, holder = psutil.Process(up_pid), psutil.Process(holder_pid)
+        up = tmp_path / "events.jsonl"
+        deadline = time.monotonic() + 60
+        while not (up.exists() and "uploader_up" in up.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "uploader_up" in up.read_text() and uploader.ppid() == parent.pid
+        parent.kill()
+        uploader.wait(10)  # gone, though its input is still open: PR_SET_PDEATHSIG's SIGKILL
+        assert holder.is_running()
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in (up_pid, holder_pid) if "holder_pid" in locals() else ():
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass

@@ -250,8 +250,19 @@ def setups_of(s: Scenario) -> set[str]:
     # a toxic on the upload link takes the uploader's error paths, one on the restore the trainer's
     out |= {f"toxic on the {f.params.link} link while {_phase(f.when.point)}"
             for f in s.faults if f.kind == "toxic"}
-    # the uploader is a process of its own: killing it takes the trainer's respawn paths, not a relaunch
-    out |= {f"{f.kind} of the uploader" for f in s.faults if f.target == "uploader"}
+    # the uploader is a process of its own: killing it takes the trainer's respawn paths, not a relaunch:
+    # mid-run the next hand-off replaces it, during the drain at the end of training the drain does
+    out |= {f"{f.kind} of the uploader {'during the final drain' if _final_save(s, f) else 'mid-run'}"
+            for f in s.faults if f.target == "uploader"}
+    # where in a step a SIGTERM stops the job decides what the emergency checkpoint holds: before the
+    # first optimizer step there is no optimizer state and no loss yet; on a step's last micro-batch
+    # there is no partial step to fold, and on a cadence step the checkpoint is already written
+    for f in s.faults:
+        if f.kind == "term" and f.when.point == "microstep.end" and f.when.step is not None:
+            if f.when.nth == s.trainer.get("grad_accum"):
+                out.add("SIGTERM on a step's last micro-batch")
+            elif f.when.step == 1:
+                out.add("SIGTERM before the first optimizer step")
     # each way of damaging each kind of file takes its own branch of the resume's validation; damage
     # before the commit meets the commit's checks instead, and damage after validation the load's
     out |= {f"{f.params.corruption} of {_file_class(f.params.file)}{_when_damaged(f)}"
@@ -271,6 +282,12 @@ def setups_of(s: Scenario) -> set[str]:
         if "storage" in s.families:
             out.add("storage faults with a remote tier")
     return out
+
+
+def _final_save(s: Scenario, f: Fault) -> bool:
+    """The fault is aimed at the upload of the run's last checkpoint (only the drain hands it on)."""
+    steps = s.trainer.get("max_steps")
+    return steps is not None and f.when.name == f"step_{steps:08d}"
 
 
 def _phase(point: str) -> str:
