@@ -182,6 +182,16 @@ def test_an_emergency_save_skipped_at_a_step_boundary_is_caught(tmp_path, golden
     assert "fault_0_preemption_handled" not in bad  # at the cadence step the checkpoint was there
 
 
+def test_a_fresh_start_on_the_tensors_of_a_failed_load_is_caught(tmp_path, golden_root):
+    scenario = "storage/flip-in-the-only-checkpoint-as-its-load-begins.toml"
+    assert run(tmp_path / "reference", golden_root, scenario).verdict == "pass"
+    r = run(tmp_path / "planted", golden_root, scenario, "tests.planted.fresh_start_keeps_failed_load")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "in launch 1, which started afresh after rejecting step_00000004" in bad["trajectory"], bad
+    assert "built anew" in bad["trajectory"]
+
+
 def test_a_resume_that_checks_sizes_but_not_checksums_is_caught(tmp_path, golden_root):
     r = run(tmp_path, golden_root, "storage/corrupt-four-newest-four-ways.toml", "tests.planted.validates_sizes_only")
     assert r.verdict == "fail"

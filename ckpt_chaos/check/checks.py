@@ -270,6 +270,15 @@ def _diagnose(run: Run, step: int, fields_: list[str]) -> str:
         head += ": the job trained on different samples than the golden run" + _sample_shift(run, step)
     loads = [e for e in run.trainer("loaded") if e["step"] < step]
     if not loads:
+        # a relaunch that rejected what it tried to load and started over trains from step 1 again:
+        # on a model and optimizer built anew, or it is not the golden run's start
+        fresh = [e for e in run.trainer("fresh_start") if e.get("attempt", 0) > 0 and e.get("rejected")]
+        if fresh:
+            e = fresh[0]
+            names = ", ".join(sorted({r[0] if isinstance(r, (list, tuple)) else str(r) for r in e["rejected"]}))
+            return (head + f", in launch {e['attempt']}, which started afresh after rejecting {names}: a fresh start "
+                    "must begin from a model and optimizer built anew, and this one did not begin where the golden "
+                    "run did (a load that failed part-way leaves the tensors it copied in)")
         return head + ", before any resume: the fault changed training itself, or the trainer is not deterministic"
     load = max(loads, key=lambda e: (e["step"], e.get("t", 0)))
     where = f"; it is the first step after resuming from {load['name']} (launch {load.get('attempt')})"
