@@ -207,7 +207,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         alone = sum(1 for s in chosen if weight(s).alone)
         console.print(f"up to {jobs} at once, at most {rank_budget()} ranks together on {usable_cores()} core(s)"
-                      + (f"; {alone} timing-sensitive or multi-node scenario(s) run alone" if alone else ""))
+                      + (f"; {alone} scenario(s) run alone (timing-sensitive, or on Docker or netns nodes)" if alone else ""))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rows, started = [], time.monotonic()
 
@@ -654,8 +654,8 @@ def parser() -> argparse.ArgumentParser:
                         "failure); with -n the running ones are stopped")
     c.add_argument("-n", "--jobs", type=_jobs, default=1, metavar="N",
                    help="run up to N scenarios at once, each in a worker process; 'auto': as the cores and "
-                        "memory allow. Their ranks stay within 2 per core, and timing-sensitive or multi-node "
-                        "scenarios run alone, so that verdicts are those of a serial run")
+                        "memory allow. Their ranks stay within 2 per core, and timing-sensitive scenarios and "
+                        "those on Docker or netns nodes run alone, so that verdicts are those of a serial run")
     c.add_argument("--coverage", action="store_true",
                    help="measure which lines of the trainer the scenarios reach (every rank, relaunch and "
                         "uploader): an HTML report in the suite's coverage/ folder, linked from index.html "

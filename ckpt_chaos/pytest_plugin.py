@@ -36,7 +36,7 @@ one folder per xdist worker), ``--chaos-golden DIR`` the cache of fault-free run
 user cache, moved by ``CKPT_CHAOS_CACHE``).
 
 Under ``-n`` (xdist) the workers admit scenarios as ``ckpt-chaos run -n`` does: at most two ranks per
-core together, timing-sensitive and multi-node scenarios alone (``ckpt_chaos/run/parallel.py``); an
+core together, timing-sensitive scenarios and those on Docker or netns nodes alone (``ckpt_chaos/run/parallel.py``); an
 item may wait for its turn.
 """
 
