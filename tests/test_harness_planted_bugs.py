@@ -266,3 +266,17 @@ def test_an_uploader_that_trusts_its_puts_is_caught(tmp_path, golden_root):
     bad = failed(r)
     assert "step_00000004 is marked durable (manifest.json uploaded) but __1_0.distcp has" in bad[
         "remote_durable_complete@0"], bad
+
+
+def test_remote_retention_that_leaves_data_objects_behind_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/upload-reset-mid-manifest.toml", "tests.planted.remote_delete_keeps_data")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "objects without a manifest older than the newest durable checkpoint" in bad["remote_retention"], bad
+
+
+def test_async_checkpoints_never_handed_to_the_uploader_are_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/async-saves-then-disk-lost.toml", "tests.planted.async_commit_not_uploaded")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "lost_work@1" in bad and "resumed at step 0" in bad["lost_work@1"], bad

@@ -595,6 +595,8 @@ def _remote_tier(run: Run, report: Report) -> None:
                    f"the final checkpoint {local} is durable on the remote tier" if remote == local else
                    f"training finished with {local}, but the newest durable remote checkpoint is {remote or 'none'}: "
                    "the last upload never completed (see upload_* events in events.jsonl)")
+    if exits and exits[-1].rc == 0 and run.trainer("finished") and exits[-1].remote is not None:
+        _remote_retention(run, report, exits[-1].remote)
     # A hand-off is a pipe write; an uploader that made the loop wait would stall it for about as long as
     # its uploads take. Compared in sums, so one scheduling hiccup on a busy machine does not decide it.
     stall = sum(e["stall_s"] for e in run.trainer("upload_queued"))
@@ -604,6 +606,26 @@ def _remote_tier(run: Run, report: Report) -> None:
         report.add("upload_stall", ok,
                    f"handing checkpoints to the uploader stalled training {stall * 1000:.1f} ms in all, while uploads "
                    f"took {uploading:.2f} s" + ("" if ok else ": the training loop waited for its uploads"))
+
+
+def _remote_retention(run: Run, report: Report, remote: dict) -> None:
+    """After the last upload the remote tier holds the newest ``remote_keep_last`` durable checkpoints
+    and nothing older: neither durable ones beyond that nor the objects of uploads that never became
+    durable (a bucket that only grows is a bill that only grows)."""
+    from ckpt_chaos.probe.layout import parse_name
+
+    keep = int(run.s.trainer.get("remote_keep_last", 2))
+    durable, newest = list(remote["checkpoints"]), remote["newest_durable"]
+    stale = [n for n in remote["partial"] if newest is not None and parse_name(n) < parse_name(newest)]
+    problems = ([f"{len(durable)} durable checkpoints ({', '.join(durable)}), more than remote_keep_last={keep}"]
+                if len(durable) > keep else [])
+    if stale:
+        problems.append(f"objects without a manifest older than the newest durable checkpoint {newest}: "
+                        f"{', '.join(stale)} (a deleted checkpoint whose data objects stayed, or a failed upload "
+                        "never cleaned up)")
+    report.add("remote_retention", not problems,
+               f"the remote tier keeps {len(durable)} durable checkpoint(s) (remote_keep_last={keep}) and no "
+               "older objects" if not problems else "; ".join(problems))
 
 
 def _lost_work(run: Run, report: Report) -> None:
