@@ -20,8 +20,9 @@ test command (``cosmic-ray exec``); this script is the layer around it:
    scenario's ``expect.deadline_s`` fails it). The per-mutant timeout below (the selected
    scenarios' deadlines, plus slack) only catches a harness that stops answering; such a mutant is
    "timed out" and counts as not killed. cosmic-ray's own ``timeout`` lies beyond it.
-5. Mutants marked equivalent by hand in ``benchmarks/mutation-equivalent.toml`` are left out of the
-   score and listed with their reason.
+5. Mutants marked equivalent by hand in ``benchmarks/mutation-equivalent.toml``, and those that change
+   only a function's annotation in a module that never evaluates it (``from __future__ import
+   annotations``), are left out of the score and listed with their reason.
 
 Writes ``benchmarks/results/mutation.json`` and (``report.py --tables``) ``mutation.md``: the score
 (killed / (total - equivalent)) per file, each killed mutant's scenario and failing checks, each
@@ -256,7 +257,41 @@ def changed_lines(diff: str) -> tuple[str, str]:
     return " ".join(old), " ".join(new)
 
 
+ANNOTATION_REASON = ("in a function's annotation, which `from __future__ import annotations` keeps as a string "
+                     "that nothing evaluates (found by the driver, not kept in the list)")
+
+
+def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where the annotations of a module's functions (arguments, return, local variables) lie, when
+    the module never evaluates them: PEP 563 makes them strings. A class's field annotations are
+    left out (a dataclass's field types are read, as strings, by whoever parses a config)."""
+    tree = ast.parse(source)
+    if not any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
+               for n in tree.body):
+        return []
+    nodes = []
+    for f in ast.walk(tree):
+        if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = f.args
+        nodes += [x.annotation for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg)
+                  if x is not None and x.annotation is not None]
+        nodes += [f.returns] if f.returns is not None else []
+        nodes += [n.annotation for n in ast.walk(f) if isinstance(n, ast.AnnAssign)]
+    return [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in nodes]
+
+
+def in_annotation(m: dict, pristine: Path = ROOT) -> bool:
+    """Whether the mutant changes nothing but an annotation that is never evaluated."""
+    if "start" not in m:
+        return False
+    spans = annotation_spans((pristine / m["file"]).read_text())
+    return any(lo <= tuple(m["start"]) and tuple(m["end"]) <= hi for lo, hi in spans)
+
+
 def equivalent_reason(entries: list[dict], m: dict) -> str | None:
+    if in_annotation(m):
+        return ANNOTATION_REASON
     old, new = changed_lines(m["diff"])
     for e in entries:
         if (e["file"] == m["file"] and e["operator"] == m["operator"] and e["original"].strip() == old
@@ -279,7 +314,7 @@ def mutant(item, pristine: Path = ROOT) -> dict:
     diff = "" if mutated is None else "\n".join(difflib.unified_diff(
         code.split("\n"), mutated.split("\n"), f"a/{file}", f"b/{file}", n=1, lineterm=""))
     return {"job": item.job_id, "file": file, "line": spec.start_pos[0], "operator": spec.operator_name,
-            "occurrence": spec.occurrence, "diff": diff}
+            "occurrence": spec.occurrence, "diff": diff, "start": list(spec.start_pos), "end": list(spec.end_pos)}
 
 
 def _wanted(spec, only: list[str]) -> bool:

@@ -64,6 +64,31 @@ def test_an_equivalent_mutant_is_matched_by_its_changed_line_and_operator(tmp_pa
     assert mutation.equivalent_reason(entries, {**m, "diff": DIFF.replace("range(4)", "range(2)")}) is None
 
 
+def test_a_mutant_of_an_annotation_that_is_never_evaluated_is_equivalent(tmp_path):
+    source = ("from __future__ import annotations\n"
+              "from dataclasses import dataclass\n"
+              "@dataclass\n"
+              "class C:\n"
+              "    x: int | None = None\n"
+              "def f(a: int | None, *rest: str) -> tuple[int, int] | None:\n"
+              "    y: int | None = a\n"
+              "    return a | 1\n")
+    (tmp_path / "m.py").write_text(source)
+    spans = mutation.annotation_spans(source)
+
+    def mutant_at(line: int, text: str, nth: int = 0) -> dict:
+        col = source.splitlines()[line - 1].replace("|", "#", nth).index(text)
+        return {"file": "m.py", "start": [line, col], "end": [line, col + len(text)]}
+
+    assert len(spans) == 4  # a, *rest, the return and y; not the dataclass field
+    assert mutation.in_annotation(mutant_at(6, "|"), tmp_path)
+    assert mutation.in_annotation(mutant_at(6, "|", 1), tmp_path)  # the return annotation's
+    assert mutation.in_annotation(mutant_at(7, "|"), tmp_path)
+    assert not mutation.in_annotation(mutant_at(5, "|"), tmp_path)  # a field's type is read, as a string
+    assert not mutation.in_annotation(mutant_at(8, "|"), tmp_path)  # code
+    assert mutation.annotation_spans(source.replace("from __future__ import annotations\n", "")) == []
+
+
 @pytest.mark.parametrize("body, says", [
     (f'file = "{CKPT}"\noperator = "x"\noriginal = "a"\nmutant = "b"\n', "no 'reason'"),
     (f'file = "{CKPT}"\noperator = "x"\noriginal = "a"\nmutant = "b"\nreason = "r"\nwhy = 1\n', "unknown key 'why'"),
