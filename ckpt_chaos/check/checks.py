@@ -595,7 +595,6 @@ def _remote_tier(run: Run, report: Report) -> None:
                    f"the final checkpoint {local} is durable on the remote tier" if remote == local else
                    f"training finished with {local}, but the newest durable remote checkpoint is {remote or 'none'}: "
                    "the last upload never completed (see upload_* events in events.jsonl)")
-    if exits and exits[-1].rc == 0 and run.trainer("finished") and exits[-1].remote is not None:
         _remote_retention(run, report, exits[-1].remote)
     # A hand-off is a pipe write; an uploader that made the loop wait would stall it for about as long as
     # its uploads take. Compared in sums, so one scheduling hiccup on a busy machine does not decide it.
