@@ -48,6 +48,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from functools import cache
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -281,11 +282,16 @@ def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]
     return [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in nodes]
 
 
+@cache
+def _file_annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    return annotation_spans(path.read_text())  # once per file: every mutant of it asks
+
+
 def in_annotation(m: dict, pristine: Path = ROOT) -> bool:
     """Whether the mutant changes nothing but an annotation that is never evaluated."""
     if "start" not in m:
         return False
-    spans = annotation_spans((pristine / m["file"]).read_text())
+    spans = _file_annotation_spans(pristine / m["file"])
     return any(lo <= tuple(m["start"]) and tuple(m["end"]) <= hi for lo, hi in spans)
 
 
