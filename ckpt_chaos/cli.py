@@ -207,7 +207,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         alone = sum(1 for s in chosen if weight(s).alone)
         console.print(f"up to {jobs} at once, at most {rank_budget()} ranks together on {usable_cores()} core(s)"
-                      + (f"; {alone} scenario(s) run alone (timing-sensitive, or on Docker or netns nodes)" if alone else ""))
+                      + (f"; {alone} scenario(s) run alone (timing-sensitive, or on Docker or netns nodes)"
+                         if alone else ""))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     rows, started = [], time.monotonic()
 
