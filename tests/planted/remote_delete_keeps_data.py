@@ -1,8 +1,6 @@
 """Planted bug: the remote tier's retention deletes a checkpoint's manifest but not its data objects.
 The checkpoint stops being durable, as it should, and its shards stay in the bucket for good. This
 module is both the trainer and, through ``UPLOADER_MODULE``, its uploader process."""
-import os
-import sys
 
 from reference_trainer import checkpoint as ck
 from reference_trainer import remote
@@ -17,8 +15,6 @@ remote.RemoteStore.delete = _delete_manifest_only
 remote.UPLOADER_MODULE = "tests.planted.remote_delete_keeps_data"
 
 if __name__ == "__main__":
-    if os.environ.get(remote.ENV_ROLE) == "uploader":
-        sys.exit(remote.main())
-    from reference_trainer.__main__ import run_and_exit
+    from tests.planted import run_trainer_or_uploader
 
-    run_and_exit()
+    run_trainer_or_uploader()

@@ -5,8 +5,6 @@ durable while objects are missing: a node that lost its disk would restore a tor
 This module is both the trainer (``-m`` under torchrun) and, through ``UPLOADER_MODULE``, its
 uploader process.
 """
-import os
-import sys
 
 from reference_trainer import remote
 
@@ -22,8 +20,6 @@ remote.Uploader._put_all = _manifest_first
 remote.UPLOADER_MODULE = "tests.planted.uploader_marks_durable_early"
 
 if __name__ == "__main__":
-    if os.environ.get(remote.ENV_ROLE) == "uploader":
-        sys.exit(remote.main())
-    from reference_trainer.__main__ import run_and_exit
+    from tests.planted import run_trainer_or_uploader
 
-    run_and_exit()
+    run_trainer_or_uploader()
