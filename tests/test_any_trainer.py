@@ -103,6 +103,20 @@ def test_a_resume_that_does_not_restore_the_step_counter_is_caught_and_named(tmp
     assert "its step counter was not restored" in detail, detail
 
 
+def test_a_fault_that_never_fires_because_the_trainer_died_first_names_the_trainers_error(tmp_path, golden_root):
+    # dies in the faulted run only: the golden run, under golden_root, must finish
+    trainer = plant(tmp_path, ("            step += 1\n",
+                               "            step += 1\n"
+                               f"            if step == 6 and not str(args.ckpt_dir).startswith({str(golden_root)!r}):\n"
+                               "                raise ValueError(f'planted: rank {rank} gives up at step {step}')\n"))
+    r = run(tmp_path, golden_root, trainer)
+    assert r.verdict == "fail"
+    verdict, detail = checks(r)["fault_0_fired"]
+    assert verdict == "fail"
+    assert "never fired" in detail and "launch 0 ended first, with exit status 1" in detail, detail
+    assert "(ValueError: planted: rank " in detail and "gives up at step 6)" in detail, detail
+
+
 def test_a_golden_run_that_crashes_natively_once_is_run_again_and_one_that_always_does_is_an_error(
         tmp_path, golden_root, capfd):
     from ckpt_chaos.run import command

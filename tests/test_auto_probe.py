@@ -183,7 +183,8 @@ def test_the_samples_of_each_step_are_those_accelerate_hands_over_though_it_fetc
                **auto.environment(server.address, tmp_path, [tmp_path / "ckpt"], pythonpath=str(REPO))}
         with open(tmp_path / "torchrun.log", "ab") as out:
             rc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-                                 "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                                 "2", "--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no",
+                                 "--dynamo_backend", "no",
                                  str(REPO / "examples" / "accelerate" / "train.py"), "--ckpt-dir",
                                  str(tmp_path / "ckpt"), "--steps", "7", "--save-every", "100"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, timeout=180).returncode

@@ -13,6 +13,7 @@ checkpoint as the resume point (whichever validates after the crash), never a mi
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,10 +166,29 @@ def _faults_fired(run: Run, report: Report) -> None:
     fired = {h.index for h in run.faults()}
     for i, f in enumerate(run.s.faults):
         t = {k: v for k, v in vars(f.when).items() if v is not None}
-        report.add("fired", i in fired, fault=i, detail=
-                   f"{f.kind} {f.target} fired at {t}" if i in fired else
-                   f"{f.kind} {f.target} never fired: no probe event of launch {f.attempt} matched {t}; "
-                   f"check faults[{i}].when against the points the trainer reports (history.jsonl)")
+        if i in fired:
+            report.add("fired", True, fault=i, detail=f"{f.kind} {f.target} fired at {t}")
+            continue
+        ex = run.exit_of(f.attempt)
+        why = f"check faults[{i}].when against the points the trainer reports (history.jsonl)"
+        if ex is not None and ex.rc != 0:
+            # the launch died on its own first: its error says more than the probe points do
+            error = _last_error(launch_logs(run.dir, run.history) or {}, f.attempt)
+            why = (f"launch {f.attempt} ended first, with exit status {ex.rc}"
+                   + (f" ({error})" if error else "") + f"; see its part of torchrun.log")
+        report.add("fired", False, fault=i, detail=f"{f.kind} {f.target} never fired: no probe event of "
+                   f"launch {f.attempt} matched {t}; {why}")
+
+
+# A rank's own error (``[rank1]: ValueError: ...`` under torchrun), not torchrun's ChildFailedError
+# that only says a rank failed.
+_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:)?\s*((?![\w.]*ChildFailedError)[\w.]*(?:Error|Exception)\b:? .*)$", re.M)
+
+
+def _last_error(logs: dict[int, str], launch: int) -> str | None:
+    """The last ``SomethingError: message`` line of a launch's log, cut to a line's length."""
+    found = _ERROR_LINE.findall(logs.get(launch, ""))
+    return found[-1].strip()[:200] if found else None
 
 
 # How far below its trigger's fraction a shard may be on disk: the trainer estimates its file's size
