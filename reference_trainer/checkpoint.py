@@ -52,7 +52,7 @@ from ckpt_chaos import probe
 
 from ckpt_chaos.probe.layout import (  # noqa: F401  (re-exported: the directory layout is part of this module's API)
     MANIFEST, LATEST, TMP_PREFIX, TRASH_PREFIX, REJECTED, FORMAT, CHECKSUMS,
-    ResumeChoice, checkpoint_name, checksum_file, choose_resume, fsync_path, list_checkpoints,
+    Checksum, ResumeChoice, checkpoint_name, checksum_file, choose_resume, fsync_path, list_checkpoints,
     discard, file_checksums, parse_name, quarantine, read_manifest, remove_tree, validate, write_durably,
 )
 from .state import TrainState, checkpoint_state, component_digests
@@ -68,9 +68,9 @@ class _HashingStream:
     """A file stream that hashes what is written through it, times the writes, and reports each
     tenth of the planned shard bytes to the probe."""
 
-    def __init__(self, raw, name: str, planned: int, probed: bool):
+    def __init__(self, raw, name: str, planned: int, probed: bool, checksum: Checksum):
         self._raw, self._name, self._planned, self._probed = raw, name, max(planned, 1), probed
-        self.hash = CHECKSUMS[FORMAT].new()
+        self.hash = checksum.new()
         self.size, self._next_tenth = 0, 1
         self.write_s = self.checksum_s = 0.0
         self.last_write = time.perf_counter()
@@ -97,9 +97,9 @@ class _HashingStream:
 class _HashingFileSystem(FileSystem):
     """DCP's file system, keeping the size and checksum of every file written through it."""
 
-    def __init__(self, planned: int):
+    def __init__(self, planned: int, checksum: Checksum):
         super().__init__()
-        self.planned = planned
+        self.planned, self.checksum = planned, checksum
         self.files: dict[str, dict] = {}  # name -> manifest entry
         self.times = {"write_s": 0.0, "checksum_s": 0.0, "fsync_s": 0.0}
 
@@ -109,13 +109,13 @@ class _HashingFileSystem(FileSystem):
             if "w" not in mode:
                 yield raw
                 return
-            stream = _HashingStream(raw, Path(path).name, self.planned, probe.active())
+            stream = _HashingStream(raw, Path(path).name, self.planned, probe.active(), self.checksum)
             yield stream
             # DCP fsyncs and closes the file after its last write, inside this block.
             self.times["fsync_s"] += time.perf_counter() - stream.last_write
         self.times["write_s"] += stream.write_s
         self.times["checksum_s"] += stream.checksum_s
-        self.files[Path(path).name] = {"size": stream.size, CHECKSUMS[FORMAT].key: stream.hash.hexdigest()}
+        self.files[Path(path).name] = {"size": stream.size, self.checksum.key: stream.hash.hexdigest()}
         probe.point("ckpt.shard.done", file=Path(path).name, bytes=Path(path).stat().st_size)
 
     def rename(self, path, new_path) -> None:
@@ -144,8 +144,9 @@ class ProbedWriter(FileSystemWriter):
     ranks at once) and rank 0's ``finish`` collects every file's size and checksum in ``files``.
     Reports shard progress and the metadata write to the probe, and times the save's phases."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, checksum: Checksum, **kwargs):
         super().__init__(*args, **kwargs)
+        self.checksum = checksum  # the manifest format's
         self.files: dict[str, dict] | None = None  # rank 0, after finish: the manifest's file entries
         self.phases: dict[str, float] = {}
         self._marks: dict[str, float] = {}
@@ -166,7 +167,7 @@ class ProbedWriter(FileSystemWriter):
                 numel *= s
             dtype = item.tensor_data.properties.dtype
             planned += numel * torch.empty((), dtype=dtype).element_size() + _record_overhead(dtype)
-        self.fs = _HashingFileSystem(planned)
+        self.fs = _HashingFileSystem(planned, self.checksum)
         # torch.save's CRC32 of each record is the serialization's slowest part and adds nothing:
         # the file checksum covers every byte and is validated before any load.
         with serialization_config.patch({"save.compute_crc32": False}):
@@ -410,7 +411,7 @@ class CheckpointManager:
         use_async = self.cfg.async_save if blocking is None else not blocking
         digests = component_digests(ts) if self.cfg.record_digests else None
         probe.point("ckpt.stage", name=name, step=p.step, micro=p.micro, reason=reason, asynchronous=use_async)
-        writer = ProbedWriter(self.root / (TMP_PREFIX + name))
+        writer = ProbedWriter(self.root / (TMP_PREFIX + name), checksum=CHECKSUMS[self.cfg.manifest_format])
         state = checkpoint_state(ts)
         phases = {"wait_previous_s": waited - started, "state_s": time.perf_counter() - waited}
         progress = {"step": p.step, "micro": p.micro, "tokens_seen": p.tokens_seen}
@@ -505,12 +506,13 @@ class CheckpointManager:
         the size and checksum of each file as the ranks wrote it. Returns the seconds it took."""
         started = time.perf_counter()
         tmp = self.root / (TMP_PREFIX + name)
+        fmt = self.cfg.manifest_format
         files = {}
         for f in sorted(p for p in tmp.iterdir() if p.is_file()):
             size = f.stat().st_size
             entry = (written or {}).get(f.name)
             if entry is None:  # not written by DCP through the writer: the manifest describes it as it is
-                entry = {"size": size, CHECKSUMS[FORMAT].key: checksum_file(f)}
+                entry = {"size": size, CHECKSUMS[fmt].key: checksum_file(f, fmt)}
             elif entry["size"] != size:
                 raise RuntimeError(f"{f.name} has {size} bytes on disk, {entry['size']} were written")
             files[f.name] = entry
@@ -518,7 +520,7 @@ class CheckpointManager:
         fsync_path(tmp)
         probe.point("ckpt.fsync", name=name, files=len(files))
         manifest = {
-            "format": FORMAT, "step": progress["step"], "micro": progress["micro"],
+            "format": fmt, "step": progress["step"], "micro": progress["micro"],
             "tokens_seen": progress["tokens_seen"], "world_size": self.world_size,
             "config_hash": self.cfg.trajectory_hash(), "config": self.cfg.to_dict(),
             "loss": loss, "digests": digests, "created": time.time(), "files": files,

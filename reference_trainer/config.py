@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ckpt_chaos.probe.layout import CHECKSUMS
+
 
 class ConfigError(ValueError):
     """A configuration that cannot run. The message names the field and says how to fix it."""
@@ -52,7 +54,8 @@ class TrainConfig:
     keep_last: int = 2
     keep_every: int = 0  # milestones: also keep every checkpoint whose step is a multiple
     keep_best: bool = False  # also keep the checkpoint with the lowest loss
-    verify_checksums: bool = True  # validate sizes and SHA-256 of every file before loading
+    verify_checksums: bool = True  # validate the size and checksum of every file before loading
+    manifest_format: int = 2  # 2: XXH3-128 checksums; 1: SHA-256, which trainers older than format 2 read
     record_digests: bool = True  # per-component state digests at every save and load
     on_save_failure: str = "continue"  # continue (warn loudly, keep training) | stop (exit non-zero)
     # remote tier (reference_trainer/remote.py): background upload of committed checkpoints to S3
@@ -95,6 +98,9 @@ class TrainConfig:
             raise ConfigError(f"warmup_steps={self.warmup_steps} must be in [0, max_steps={self.max_steps})")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device={self.device!r}: allowed values are auto, cpu, cuda")
+        if self.manifest_format not in CHECKSUMS:
+            raise ConfigError(f"manifest_format={self.manifest_format}: allowed values are "
+                              f"{', '.join(map(str, sorted(CHECKSUMS)))}")
         if self.on_save_failure not in ("continue", "stop"):
             raise ConfigError(f"on_save_failure={self.on_save_failure!r}: allowed values are continue, stop")
         if self.remote_url and not (self.remote_url.startswith("s3://") and len(self.remote_url) > 5):
@@ -123,7 +129,7 @@ class TrainConfig:
 # Fields a resumed run may change without changing the trajectory it continues.
 RESUMABLE_CHANGES = frozenset({
     "ckpt_dir", "ckpt_every_steps", "ckpt_every_seconds", "async_save", "keep_last", "keep_every",
-    "keep_best", "verify_checksums", "record_digests", "on_save_failure", "run_dir", "digest_every",
+    "keep_best", "verify_checksums", "manifest_format", "record_digests", "on_save_failure", "run_dir", "digest_every",
     "stop_after_microbatches", "threads", "device", "collective_timeout_s", "preempt_grace_s",
     "step_delay_s", "remote_url", "remote_endpoint", "remote_timeout_s", "remote_keep_last", "upload_retries",
     "upload_backoff_s", "upload_drain_s",

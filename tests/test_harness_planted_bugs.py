@@ -280,3 +280,21 @@ def test_async_checkpoints_never_handed_to_the_uploader_are_caught(tmp_path, gol
     assert r.verdict == "fail"
     bad = failed(r)
     assert "lost_work@1" in bad and "resumed at step 0" in bad["lost_work@1"], bad
+
+
+def test_an_upgrade_that_reads_only_its_own_manifest_format_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "relaunch-after-a-manifest-format-upgrade.toml",
+            "tests.planted.reads_only_its_own_format")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "resume_from" in bad and "scratch" in bad["resume_from"], bad
+    assert "lost_work@1" in bad, bad
+
+
+def test_an_upgrade_that_loads_an_older_format_unchecked_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "relaunch-after-a-manifest-format-upgrade.toml",
+            "tests.planted.old_format_unchecked")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "resume_from" in bad and "step_00000008" in bad["resume_from"], bad
+    assert "fault_0_detected" in bad and "step_00000008 was corrupted" in bad["fault_0_detected"], bad

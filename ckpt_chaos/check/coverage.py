@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ckpt_chaos.faults import KINDS, families
+from ckpt_chaos.probe.layout import FORMAT
 from ckpt_chaos.scenario import BACKENDS, Fault, Scenario
 
 Item = tuple[str, str]  # (axis, name): ("kind", "errno"), ("check", "fault_surfaced"), ("setup", "fs ext4")
@@ -275,6 +276,12 @@ def setups_of(s: Scenario) -> set[str]:
         out.add("the newest checkpoint damaged on a disk that stays full")
     if s.recovery.changes:
         out.add("configuration changed on relaunch")
+        # each field a relaunch changes is one the resume compares, refuses or acts on in its own way
+        out |= {f"{key} changed on relaunch" for change in s.recovery.changes for key in change}
+    # an older manifest format is validated with its own checksum, which no format-2 run reaches
+    formats = {s.trainer.get("manifest_format", FORMAT)} | {c.get("manifest_format", FORMAT)
+                                                           for c in s.recovery.changes}
+    out |= {f"checkpoints of manifest format {fmt}" for fmt in formats if fmt != FORMAT}
     if not s.probe:
         out.add("unprobed trainer")
     if s.remote is not None:
