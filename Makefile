@@ -45,7 +45,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -n 2 tests toxiproxy_server/tests
+	$(PY) -m pytest -n 2 --dist worksteal tests toxiproxy_server/tests
 
 # CHAOS_FLAGS=--strict (CI): a scenario this machine cannot run fails the suite instead of skipping.
 # CHAOS_SUITE=full (nightly): every scenario, not only the default suite's.
