@@ -135,3 +135,25 @@ def test_dcp_metadata_is_read_without_torch_as_dcp_reads_it(tmp_path):
             f"print(dcp_problem({str(tmp_path)!r})); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert "has 100 bytes" in out[0] and out[1] == "False"
+
+
+def test_reported_timings_fail_a_phase_longer_than_its_save_and_pass_measurements(tmp_path):
+    from ckpt_chaos.check.checks import Report, Run, _reported_timings
+    from ckpt_chaos.check.history import LaunchStarted
+
+    def verdict(phases: dict) -> tuple[str, str]:
+        events = [{"event": "saved", "name": "step_00000004", "t": 1000.0, "stall_s": 0.1, "total_s": 0.5,
+                   "phases": phases}]
+        run = Run(None, tmp_path, tmp_path, [LaunchStarted(t=990.0, launch=0, world_size=2, pid=1, mode="harness")],
+                  events)
+        report = Report()
+        _reported_timings(run, report)
+        (c,) = report.checks
+        return c.verdict, c.detail
+
+    assert verdict({"commit_s": 0.02, "write_data_s": 0.3})[0] == "pass"
+    v, detail = verdict({"commit_s": 0.02, "wait_staged_s": 0.9})
+    assert v == "fail" and detail == ("saved step_00000004: phases.wait_staged_s = 0.9s, longer than the save's "
+                                      "total_s = 0.5s")
+    v, detail = verdict({"commit_s": -0.01})
+    assert v == "fail" and "phases.commit_s = -0.01 is not a duration" in detail

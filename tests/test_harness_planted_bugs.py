@@ -298,3 +298,12 @@ def test_an_upgrade_that_loads_an_older_format_unchecked_is_caught(tmp_path, gol
     bad = failed(r)
     assert "resume_from" in bad and "step_00000008" in bad["resume_from"], bad
     assert "fault_0_detected" in bad and "step_00000008 was corrupted" in bad["fault_0_detected"], bad
+
+
+def test_a_stall_reported_in_milliseconds_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml", "tests.planted.stall_in_milliseconds")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert set(bad) == {"reported_timings"}, bad  # training and checkpoints are untouched
+    assert "saved step_00000004: stall_s = " in bad["reported_timings"], bad
+    assert "s, but the run had lasted " in bad["reported_timings"], bad

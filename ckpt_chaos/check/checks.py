@@ -13,6 +13,7 @@ checkpoint as the resume point (whichever validates after the crash), never a mi
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     _lost_work(run, report)
     _final_directory(run, report)
     _timings(run, report)
+    _reported_timings(run, report)
     return report
 
 
@@ -757,3 +759,45 @@ def _timings(run: Run, report: Report) -> None:
     elif limit is not None:
         report.add("detected_in_time", report.time_to_detect_s <= limit,
                    f"the faulted launch ended {report.time_to_detect_s:.1f}s after the fault (limit {limit:.0f}s)")
+
+
+# The durations a trainer reports (events.jsonl, trajectory.jsonl), by event: the report's save
+# overhead, stall and goodput figures are made of them.
+MEASURED = {"saved": ("stall_s", "total_s"), "save_started": ("stall_s",), "loaded": ("choose_s", "load_s"),
+            "stopped": ("save_s", "since_signal_s"), "upload_queued": ("stall_s",), "uploaded": ("seconds",),
+            "restored_from_remote": ("seconds",)}
+CLOCK_SLACK_S = 1.0  # the harness's and the trainer's clocks are read by different processes
+PHASE_SLACK_S = 1e-3  # a phase and its save's total are read from the clock one after the other
+
+
+def _reported_timings(run: Run, report: Report) -> None:
+    """Each duration the trainer reports is a measurement: a finite number of seconds, no longer than
+    the run had lasted when it was reported, and a save's stall and phases within its total."""
+    starts = [h.t for h in run.records(LaunchStarted)]
+    durations = []  # (what, field, value, when reported)
+    for e in run.events:
+        what = f"{e['event']} {e.get('name', '')}".strip()
+        durations += [(what, k, e[k], e.get("t")) for k in MEASURED.get(e["event"], ()) if k in e]
+        if e["event"] == "saved":
+            durations += [(what, f"phases.{k}", v, e.get("t")) for k, v in (e.get("phases") or {}).items()]
+    durations += [(f"step {r.get('step')}", "step_time_s", r["step_time_s"], r.get("t"))
+                  for r in trajectory_records(run.dir) if "step_time_s" in r]
+    if not durations or not starts:
+        report.add("reported_timings", "n/a", "the trainer reports no durations")
+        return
+    bad = []
+    for what, key, v, t in durations:
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            bad.append(f"{what}: {key} = {v!r} is not a duration")
+        elif isinstance(t, (int, float)) and v > t - min(starts) + CLOCK_SLACK_S:
+            bad.append(f"{what}: {key} = {v:.4g}s, but the run had lasted {t - min(starts):.1f}s when it said so")
+    for e in run.trainer("saved"):
+        total = e.get("total_s")
+        parts = [("stall_s", e.get("stall_s"))] + [(f"phases.{k}", v) for k, v in (e.get("phases") or {}).items()]
+        over = [f"{k} = {v:.4g}s" for k, v in parts if isinstance(total, (int, float)) and isinstance(v, (int, float))
+                and v > total + PHASE_SLACK_S]
+        if over:
+            bad.append(f"saved {e.get('name')}: {', '.join(over)}, longer than the save's total_s = {total:.4g}s")
+    report.add("reported_timings", not bad, "; ".join(bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+               if bad else f"{len(durations)} durations the trainer reported are measurements: none negative, none "
+               "longer than the run or than the save they are part of")

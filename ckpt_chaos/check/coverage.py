@@ -137,6 +137,7 @@ APPLIES: dict[str, Callable[[Scenario], bool]] = {
     "committed_valid": _always,
     "no_strays": _always,
     "retention": _always,
+    "reported_timings": _always,  # every catalogue run trains a step, and the trajectory records its time
     "config_refused": lambda s: _relaunched(s) and any(k in s.expect.refused for c in s.recovery.changes for k in c),
     "config_accepted": lambda s: _relaunched(s) and any(not any(k in s.expect.refused for k in c)
                                                         for c in s.recovery.changes if c),
