@@ -307,3 +307,12 @@ def test_a_stall_reported_in_milliseconds_is_caught(tmp_path, golden_root):
     assert set(bad) == {"reported_timings"}, bad  # training and checkpoints are untouched
     assert "saved step_00000004: stall_s = " in bad["reported_timings"], bad
     assert "s, but the run had lasted " in bad["reported_timings"], bad
+
+
+def test_a_drain_after_sigterm_that_ignores_the_grace_period_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/remote-unreachable-across-preemption.toml",
+            "tests.planted.drain_ignores_grace")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "fault_1_preemption_handled" in bad, bad
+    assert "but the launch was still running when the 5s grace period ran out" in bad["fault_1_preemption_handled"]

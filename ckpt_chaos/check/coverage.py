@@ -253,6 +253,11 @@ def setups_of(s: Scenario) -> set[str]:
     # a toxic on the upload link takes the uploader's error paths, one on the restore the trainer's
     out |= {f"toxic on the {f.params.link} link while {_phase(f.when.point)}"
             for f in s.faults if f.kind == "toxic"}
+    # a launch that ends while a link stays broken leaves its uploads to the next one: a crash kills
+    # the uploader with rank 0, a SIGTERM drains it for what is left of the grace period
+    out |= {f"{g.kind} while the {f.params.link} link stays down" for i, f in enumerate(s.faults)
+            if f.kind == "toxic" and f.params.keep for g in s.faults[i + 1:]
+            if g.attempt == f.attempt and g.spec.ends_launch}
     # the uploader is a process of its own: killing it takes the trainer's respawn paths, not a relaunch:
     # mid-run the next hand-off replaces it, during the drain at the end of training the drain does
     out |= {f"{f.kind} of the uploader {'during the final drain' if _final_save(s, f) else 'mid-run'}"
@@ -263,7 +268,10 @@ def setups_of(s: Scenario) -> set[str]:
     for f in s.faults:
         if f.kind == "term" and f.when.point == "microstep.end" and f.when.step is not None:
             if f.when.nth == s.trainer.get("grad_accum"):
-                out.add("SIGTERM on a step's last micro-batch")
+                # on a cadence step the position to stop at is saved already; between them it is not
+                every = s.trainer.get("ckpt_every_steps")
+                cadence = bool(every) and f.when.step % every == 0
+                out.add(f"SIGTERM on a step's last micro-batch {'of a cadence step' if cadence else 'between checkpoints'}")
             elif f.when.step == 1:
                 out.add("SIGTERM before the first optimizer step")
     # each way of damaging each kind of file takes its own branch of the resume's validation; damage
@@ -290,6 +298,9 @@ def setups_of(s: Scenario) -> set[str]:
         # local damage before the upload: the uploader's check of its objects must keep it off the remote tier
         if "storage" in s.families:
             out.add("storage faults with a remote tier")
+        # a SIGTERM leaves the uploads what is left of its grace period, not upload_drain_s
+        if any(f.kind == "term" for f in s.faults):
+            out.add("SIGTERM with a remote tier")
     return out
 
 

@@ -219,6 +219,10 @@ def _preemption_handled(run: Run, h: FaultFired, report: Report) -> None:
     ok = bool(stops) and in_grace
     detail = (f"emergency checkpoint at step {stops[0]['step']}+{stops[0]['micro']} micro-batches in "
               f"{stops[0]['save_s']:.2f}s, inside the {fault.params.grace_s:.0f}s grace period" if ok else
+              f"the emergency checkpoint was saved {stops[0]['since_signal_s']:.2f}s after SIGTERM, but the "
+              f"launch was still running when the {fault.params.grace_s:.0f}s grace period ran out and was "
+              f"SIGKILLed (what came after the save, an upload drain or the exit, took too long)"
+              if stops and "since_signal_s" in stops[0] else
               "no emergency checkpoint before the grace period ran out" if stops or not in_grace else
               "the job did not stop with an emergency checkpoint after SIGTERM")
     report.add("preemption_handled", ok, detail, fault=h.index)
