@@ -257,3 +257,15 @@ def test_a_paced_scenario_shares_the_golden_run_of_its_unpaced_twin(tmp_path, mo
         runner.golden_run("reference_trainer", paced, 2, root=tmp_path)
     args = e.value.args[0]
     assert "--max-steps=6" in args and not any(a.startswith("--step-delay-s") for a in args)
+
+
+def test_a_grace_period_long_enough_lets_a_preemption_share_and_a_short_one_does_not():
+    from ckpt_chaos.config import builtin_scenarios
+    from ckpt_chaos.run.parallel import alone_because
+    from ckpt_chaos.scenario import load
+
+    cat = builtin_scenarios()
+    assert alone_because(load(cat / "process" / "preempt-on-the-last-micro-batch-of-a-step.toml")) is None  # 30 s
+    assert alone_because(load(cat / "slurm" / "slurm-time-limit-warning-then-requeue.toml")) is None  # 55 s
+    assert "a preempt fault" in alone_because(load(cat / "slurm" / "slurm-preempt-mid-shard-write-grace-honoured.toml"))
+    assert "a requeue fault" in alone_because(load(cat / "slurm" / "slurm-requeued-three-times.toml"))

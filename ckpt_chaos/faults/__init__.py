@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from ckpt_chaos.env.storage import Storage
     from ckpt_chaos.scenario import Fault, Scenario
 
+# A grace period or warning at least this long is no race on a loaded machine: the catalogue's
+# emergency saves take well under a second, and two scenarios side by side slow them about twofold
+# (the same bound as the collective timeout scenarios may share at, parallel.MIN_COLLECTIVE_TIMEOUT_S).
+AMPLE_S = 15.0
+
 
 class Invalid(Exception):
     """A fault that cannot run. ``key`` is relative to the fault (``call``, ``when.point``), or to the
@@ -71,8 +76,12 @@ class FaultKind:
     healable: bool = False  # a heal fault lifts it
     heals: bool = False  # it is a heal: every nemesis of the run lifts what it injected
     # what its checks see depends on wall-clock time (a timeout, a grace period, a rate): on a loaded
-    # machine the same run could end otherwise, so ``run -n`` runs its scenarios alone
-    timed: bool = False
+    # machine the same run could end otherwise, so ``run -n`` runs its scenarios alone. A function
+    # of the params where that depends on them (a grace period long enough is no race: ``AMPLE_S``).
+    timed: bool | Callable[[Any], bool] = False
+
+    def is_timed(self, params: Any) -> bool:
+        return self.timed(params) if callable(self.timed) else self.timed
 
     @property
     def keys(self) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from ckpt_chaos.env.launcher import kill_pending
-from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams, Setting
+from ckpt_chaos.faults import AMPLE_S, FaultKind, Invalid, Nemesis, NoParams, Setting
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.checks import Report, Run
@@ -234,7 +234,8 @@ KINDS = (
               ends_launch=True, crashes=True, kills_target=True, uploader=True),
     FaultKind("term", "process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s",
               TermParams, ProcessNemesis, ProcessNemesis.term, "#fc9272", validate=_check_term,
-              exit_check=_preemption_handled, ends_launch=True, notice=True, timed=True),
+              exit_check=_preemption_handled, ends_launch=True, notice=True,
+              timed=lambda p: p.grace_s < AMPLE_S),
     FaultKind("stop", "process", "SIGSTOP the target ranks: a hang that the job must detect by its collective "
               "timeout", NoParams, ProcessNemesis, ProcessNemesis.stop, "#67000d", ends_launch=True, crashes=True,
               timed=True),

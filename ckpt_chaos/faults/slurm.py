@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckpt_chaos.env import slurm as slurm_env
-from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams
+from ckpt_chaos.faults import AMPLE_S, FaultKind, Invalid, Nemesis, NoParams
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.checks import Report, Run
@@ -267,7 +267,7 @@ KINDS = (
     FaultKind("preempt", "scheduler", "a job in a higher-priority partition preempts the job: SIGTERM to its tasks, "
               "grace_s (the partition's GraceTime), SIGKILL, and Slurm requeues it", PreemptParams, SlurmNemesis,
               SlurmNemesis.preempt, "#6a51a3", validate=_check_preempt, exit_check=_preempted, ends_launch=True,
-              notice=True, timed=True),
+              notice=True, timed=lambda p: p.grace_s < AMPLE_S),
     FaultKind("requeue", "scheduler", "scontrol requeue: Slurm ends the job's tasks (SIGTERM, KillWait, SIGKILL) and "
               "runs the job again", NoParams, SlurmNemesis, SlurmNemesis.requeue, "#807dba", validate=_on_slurm,
               exit_check=_requeue_check, ends_launch=True, timed=True),
@@ -277,7 +277,7 @@ KINDS = (
     FaultKind("time_limit", "scheduler", "the job's time limit is cut to minutes: Slurm warns it warn_s before "
               "(sbatch --signal=TERM@warn_s, to its tasks) and ends it at the limit", TimeLimitParams, SlurmNemesis,
               SlurmNemesis.time_limit, "#bcbddc", validate=_check_time_limit, exit_check=_stopped_in_grace,
-              ends_launch=True, notice=True, timed=True),
+              ends_launch=True, notice=True, timed=lambda p: p.warn_s < AMPLE_S),
     FaultKind("node_down", "scheduler", "a node is lost (its slurmd, step daemons and tasks SIGKILLed) and set down: "
               "Slurm requeues the job onto the nodes that are left", NodeDownParams, SlurmNemesis,
               SlurmNemesis.node_down, "#3f007d", validate=_check_node_down, exit_check=_node_lost, ends_launch=True,

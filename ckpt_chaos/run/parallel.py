@@ -11,13 +11,14 @@ What runs together is decided by the scenarios, not only by ``-n`` (``weight``):
   most ``RANKS_PER_CORE`` ranks per usable core. That is the oversubscription the catalogue's
   4-rank scenarios already run at serially on a 2-core machine, with their 15 s collective timeouts;
 * a scenario whose verdict can depend on wall-clock time runs alone (``alone_because``): a kind the
-  registry marks ``timed`` (stop, term, slow, pause, partition, toxic), a fault triggered from
+  registry marks ``timed`` (stop, slow, pause, partition, toxic, requeue; term, preempt and
+  time_limit when their grace period or warning is under ``faults.AMPLE_S``), a fault triggered from
   outside (``fs.created``: where it lands depends on the harness keeping up), a checked time limit
   (``expect.detect_within_s``, a deadline below the default), a collective timeout below the
   catalogue's 15 s, a wall-clock checkpoint cadence, a remote tier (S3 request timeouts, a drain
   deadline) and Docker or netns nodes (engine-wide set-up, teardown timed by the collective timeout).
   A Slurm scenario may share: its cluster is private, and the kinds whose outcome hangs on Slurm's
-  timers (preempt, requeue, time_limit) are ``timed``.
+  timers (preempt, requeue, time_limit) are ``timed`` where those timers are short.
 
 Nothing a scenario checks is scaled or relaxed: a timeout stretched for load would be another
 scenario, and another golden run. Timings in the report (time to detect, to recover) are measured
@@ -93,13 +94,13 @@ def alone_because(s) -> str | None:
     from ckpt_chaos.scenario import Expect
 
     # A Slurm scenario's cluster is its own (daemons on ports drawn for it, state in its run folder)
-    # and its waits are Slurm's timers, not CPU; its timed kinds (preempt, requeue, time_limit) stay
-    # alone below. Docker and netns nodes share the engine and the host's network set-up.
+    # and its waits are Slurm's timers, not CPU; its timed kinds (requeue, and preempt or time_limit
+    # with a short grace or warning) stay alone below. Docker and netns nodes share the engine and the host's network set-up.
     if s.cluster.multi_node and s.cluster.backend != "slurm":
         return f"{s.cluster.backend} nodes: engine-wide set-up, teardown timed by the collective timeout"
     if s.remote is not None:
         return "a remote tier: S3 request timeouts and a drain deadline"
-    timed = [f.kind for f in s.faults if f.spec.timed]
+    timed = [f.kind for f in s.faults if f.spec.is_timed(f.params)]
     if timed:
         return f"a {timed[0]} fault: what it shows depends on a timeout, a grace period or a rate"
     if any(f.when.external for f in s.faults):
