@@ -47,6 +47,12 @@ def test_shard_progress_reported_ahead_of_the_file_is_caught_where_the_kill_land
     assert "for a trigger at 50%" in detail and "reported progress its file did not have" in detail
 
 
+def test_shard_progress_reported_late_is_caught_where_the_kill_landed(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml", "tests.planted.progress_planned_too_large")
+    detail = failed(r)["fault_0_landed"]
+    assert "for a trigger at 50%" in detail and "reported progress later than the file made it" in detail, detail
+
+
 def test_a_hung_rank_is_noticed_by_its_peer_then_killed_as_torchrun_closes_it(tmp_path, golden_root):
     """The SIGSTOPped rank is SIGKILLed when torchrun starts closing it (not 30 s later): after its
     peer gave up at the collective timeout, so the hang is still the job's to notice."""

@@ -199,9 +199,9 @@ LANDED_SLACK = 0.05
 
 
 def _faults_landed(run: Run, report: Report) -> None:
-    """A fault aimed at a fraction of a shard's write (``when.min_fraction``) found at least that
-    much of the file on disk, measured against the size the golden run wrote it at: the trainer's
-    own count of its progress is what this checks, not what it trusts."""
+    """A fault aimed at a fraction of a shard's write (``when.min_fraction``) found that much of the
+    file on disk (no more than the next tenth), measured against the size the golden run wrote it
+    at: the trainer's own count of its progress is what this checks, not what it trusts."""
     for h in run.faults():
         fraction = run.s.faults[h.index].when.min_fraction
         if fraction is None or h.at.get("point") != "ckpt.shard.write":
@@ -224,11 +224,14 @@ def _faults_landed(run: Run, report: Report) -> None:
         near = min(sizes, key=lambda c: (c != ckpt, abs((parse_name(c) or (0, 0))[0] - (parse_name(ckpt) or (0, 0))[0])))
         planned = sizes[near]
         got = writing[where[0]] / planned
-        ok = fraction - LANDED_SLACK <= got <= 1
-        report.add("landed", ok, fault=h.index, detail=
+        # the probe reports each tenth of the file, so the first report at the trigger is at most a
+        # tenth past it
+        early, late = got < fraction - LANDED_SLACK, got > min(1.0, fraction + 0.1 + LANDED_SLACK)
+        report.add("landed", not (early or late), fault=h.index, detail=
                    f"{where[0]} held {got:.0%} of its {planned} bytes (the golden run's {near}) when the fault "
-                   f"fired, for a trigger at {fraction:.0%}" + ("" if ok else
-                   ": the trainer's probe reported progress its file did not have"))
+                   f"fired, for a trigger at {fraction:.0%}" + (
+                       ": the trainer's probe reported progress its file did not have" if early else
+                       ": the trainer's probe reported progress later than the file made it" if late else ""))
 
 
 def _golden_sizes(golden: Path, name: str) -> dict[str, int]:
