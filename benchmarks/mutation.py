@@ -49,6 +49,7 @@ import sys
 import time
 import tomllib
 from functools import cache
+from typing import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -242,7 +243,7 @@ def load_equivalent(path: Path = EQUIVALENT) -> list[dict]:
         if unknown := set(e) - EQUIVALENT_KEYS:
             raise MutationError(f"{where}: unknown key {sorted(unknown)[0]!r}; keys: {', '.join(sorted(EQUIVALENT_KEYS))}")
         for key in ("file", "operator", "original", "mutant", "reason"):
-            if not str(e.get(key, "")).strip():
+            if key not in e or not (str(e[key]).strip() or key == "mutant"):  # a removal leaves no line
                 raise MutationError(f"{where}: no {key!r}; copy file, operator and the diff's - and + lines from "
                                     "mutation.json, and say why the mutant cannot change behaviour")
         if e["file"] not in TARGETS:
@@ -253,8 +254,8 @@ def load_equivalent(path: Path = EQUIVALENT) -> list[dict]:
 def changed_lines(diff: str) -> tuple[str, str]:
     """The removed and the added lines of a one-mutant diff, each joined and stripped."""
     lines = diff.splitlines()
-    old = [l[1:].strip() for l in lines if l.startswith("-") and not l.startswith("---")]
-    new = [l[1:].strip() for l in lines if l.startswith("+") and not l.startswith("+++")]
+    old = [l[1:].strip() for l in lines if l.startswith("-") and not l.startswith("---") and l[1:].strip()]
+    new = [l[1:].strip() for l in lines if l.startswith("+") and not l.startswith("+++") and l[1:].strip()]
     return " ".join(old), " ".join(new)
 
 
@@ -637,12 +638,9 @@ def resume(args: argparse.Namespace) -> int:
                 pending += 1
     run = json.loads((work / "run.json").read_text())
     _copy_tree(work / "tree")  # a stopped exec may have left its mutant in the copy
-    started = time.monotonic()
-    _exec(_tool("cosmic-ray"), work / "cosmic-ray.toml", work / "session.sqlite", work / "tree",
-          work / "mutants.log", args.budget, pending)
-    run["extra"]["exec_wall_s"] = round(run["extra"]["exec_wall_s"] + time.monotonic() - started, 1)
     run["command"] += " && python benchmarks/mutation.py --resume" + (f" --budget {args.budget:g}" if args.budget else "")
-    (work / "run.json").write_text(json.dumps(run))
+    _timed_exec(work, run, lambda: _exec(_tool("cosmic-ray"), work / "cosmic-ray.toml", work / "session.sqlite",
+                                         work / "tree", work / "mutants.log", args.budget, pending))
     return _report(work / "session.sqlite", run["command"], run["extra"], Path(args.results))
 
 
@@ -698,13 +696,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     subprocess.run([cosmic, "init", str(config), str(session)], cwd=tree, check=True)
     counts = annotate(session, base, files, args.limit, args.seed, load_equivalent(), args.mutant)
     print("mutants: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
-    started = time.monotonic()
-    _exec(cosmic, config, session, tree, work / "mutants.log", args.budget, counts["to run"])
     command = "python benchmarks/mutation.py" + (" " + shlex.join(args.argv) if args.argv else "")
     sample = {"limit": args.limit, "seed": args.seed, "files": files, "named": args.mutant, **counts}
-    extra = {"sample": sample, "exec_wall_s": round(time.monotonic() - started, 1), "baseline": str(suite)}
-    (work / "run.json").write_text(json.dumps({"command": command, "extra": extra}))
-    return _report(session, command, extra, Path(args.results))
+    run = {"command": command, "extra": {"sample": sample, "exec_wall_s": 0.0, "baseline": str(suite)}}
+    _timed_exec(work, run, lambda: _exec(cosmic, config, session, tree, work / "mutants.log", args.budget,
+                                         counts["to run"]))
+    return _report(session, command, run["extra"], Path(args.results))
+
+
+def _timed_exec(work: Path, run: dict, exec_: Callable[[], None]) -> None:
+    """Run ``exec_``, keeping ``run`` (command, sample, wall time) in ``WORK/run.json`` before and after
+    it, also when Ctrl-C stops it: ``--resume`` then goes on with this run, not the one before."""
+    (work / "run.json").write_text(json.dumps(run))
+    started = time.monotonic()
+    try:
+        exec_()
+    finally:
+        run["extra"]["exec_wall_s"] = round(run["extra"]["exec_wall_s"] + time.monotonic() - started, 1)
+        (work / "run.json").write_text(json.dumps(run))
 
 
 def main(argv: list[str] | None = None) -> int:
