@@ -3,6 +3,7 @@ and no run's clean-up touching another live run's mounts or namespaces."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -41,7 +42,6 @@ def test_timing_sensitive_and_engine_wide_scenarios_run_alone():
     assert w("process/kill-node-resume-on-two-of-four.toml").ranks == 4  # the relaunch's world counts
     assert w("slurm/slurm-kill-rank1-mid-shard-write.toml") == Weight(ranks=2)  # a private cluster
     for path, why in [("process/hang-rank1-sigstop.toml", "stop fault"),
-                      ("process/preempt-mid-accumulation.toml", "term fault"),
                       ("storage/slow-storage-sync-save.toml", "slow fault"),
                       ("storage/errno-on-shard-fsync-while-a-peer-is-stopped.toml", "stop fault"),
                       ("process/unprobed-kill-when-shard-file-appears.toml", "triggered from outside"),
@@ -51,6 +51,13 @@ def test_timing_sensitive_and_engine_wide_scenarios_run_alone():
                       ("slurm/slurm-preempt-mid-shard-write-grace-honoured.toml", "preempt fault"),
                       ("slurm/slurm-requeued-three-times.toml", "requeue fault")]:
         assert why in (w(path).alone or ""), (path, w(path))
+    # a SIGTERM's grace period is a race only when it is short
+    s = load(CATALOGUE / "process/preempt-mid-accumulation.toml")
+    assert weight(s).alone is None  # 30 s
+    term = s.faults[0]
+    short_grace = dataclasses.replace(term, params=dataclasses.replace(term.params, grace_s=5.0))
+    short = dataclasses.replace(s, faults=[short_grace])
+    assert "term fault" in (weight(short).alone or "")
 
 
 def test_scheduler_keeps_ranks_within_budget_and_alone_scenarios_alone():
