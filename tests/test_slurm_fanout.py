@@ -146,7 +146,7 @@ def test_a_scenario_that_must_run_alone_holds_every_node_of_the_throwaway_cluste
     # two 2-core nodes' worth of ranks on this 2-core host: 2 ranks take a node, 4 take both
     assert request(by_name["io-error-in-save-is-survived"], throwaway, cores=2) == ["--nodes=1"]
     assert request(by_name["kill-node-resume-on-two-of-four"], throwaway, cores=2) == ["--nodes=2"]
-    for name in ("preempt-before-first-optimizer-step", "unprobed-kill-when-shard-file-appears"):
+    for name in ("time-cadence-killed-twice", "unprobed-kill-when-shard-file-appears"):
         assert weight(by_name[name]).alone, name
         assert request(by_name[name], throwaway, cores=2) == ["--nodes=2"]
         assert request(by_name[name], SlurmTarget(nodes=5), cores=2) == ["--nodes=5"]
@@ -154,7 +154,7 @@ def test_a_scenario_that_must_run_alone_holds_every_node_of_the_throwaway_cluste
     real = SlurmTarget(conf=Path("/etc/slurm/slurm.conf"))
     assert request(by_name["kill-node-resume-on-two-of-four"], real) == ["--nodes=1", "--ntasks=1",
                                                                          "--cpus-per-task=2"]
-    assert request(by_name["preempt-before-first-optimizer-step"], real)[-1] == "--exclusive"
+    assert request(by_name["time-cadence-killed-twice"], real)[-1] == "--exclusive"
     assert "--exclusive" not in request(by_name["io-error-in-save-is-survived"], real)
 
 
