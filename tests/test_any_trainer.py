@@ -105,9 +105,10 @@ def test_a_resume_that_does_not_restore_the_step_counter_is_caught_and_named(tmp
 
 def test_a_fault_that_never_fires_because_the_trainer_died_first_names_the_trainers_error(tmp_path, golden_root):
     # dies in the faulted run only: the golden run, under golden_root, must finish
+    golden = str(golden_root)
     trainer = plant(tmp_path, ("            step += 1\n",
                                "            step += 1\n"
-                               f"            if step == 6 and not str(args.ckpt_dir).startswith({str(golden_root)!r}):\n"
+                               f"            if step == 6 and not str(args.ckpt_dir).startswith({golden!r}):\n"
                                "                raise ValueError(f'planted: rank {rank} gives up at step {step}')\n"))
     r = run(tmp_path, golden_root, trainer)
     assert r.verdict == "fail"

@@ -777,6 +777,7 @@ def _reported_timings(run: Run, report: Report) -> None:
     """Each duration the trainer reports is a measurement: a finite number of seconds, no longer than
     the run had lasted when it was reported, and a save's stall and phases within its total."""
     starts = [h.t for h in run.records(LaunchStarted)]
+    begun = min(starts, default=None)
     durations = []  # (what, field, value, when reported)
     for e in run.events:
         what = f"{e['event']} {e.get('name', '')}".strip()
@@ -785,15 +786,15 @@ def _reported_timings(run: Run, report: Report) -> None:
             durations += [(what, f"phases.{k}", v, e.get("t")) for k, v in (e.get("phases") or {}).items()]
     durations += [(f"step {r.get('step')}", "step_time_s", r["step_time_s"], r.get("t"))
                   for r in trajectory_records(run.dir) if "step_time_s" in r]
-    if not durations or not starts:
+    if not durations or begun is None:
         report.add("reported_timings", "n/a", "the trainer reports no durations")
         return
     bad = []
     for what, key, v, t in durations:
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             bad.append(f"{what}: {key} = {v!r} is not a duration")
-        elif isinstance(t, (int, float)) and v > t - min(starts) + CLOCK_SLACK_S:
-            bad.append(f"{what}: {key} = {v:.4g}s, but the run had lasted {t - min(starts):.1f}s when it said so")
+        elif isinstance(t, (int, float)) and v > t - begun + CLOCK_SLACK_S:
+            bad.append(f"{what}: {key} = {v:.4g}s, but the run had lasted {t - begun:.1f}s when it said so")
     for e in run.trainer("saved"):
         total = e.get("total_s")
         parts = [("stall_s", e.get("stall_s"))] + [(f"phases.{k}", v) for k, v in (e.get("phases") or {}).items()]

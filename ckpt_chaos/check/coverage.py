@@ -271,7 +271,8 @@ def setups_of(s: Scenario) -> set[str]:
                 # on a cadence step the position to stop at is saved already; between them it is not
                 every = s.trainer.get("ckpt_every_steps")
                 cadence = bool(every) and f.when.step % every == 0
-                out.add(f"SIGTERM on a step's last micro-batch {'of a cadence step' if cadence else 'between checkpoints'}")
+                where = "of a cadence step" if cadence else "between checkpoints"
+                out.add(f"SIGTERM on a step's last micro-batch {where}")
             elif f.when.step == 1:
                 out.add("SIGTERM before the first optimizer step")
     # each way of damaging each kind of file takes its own branch of the resume's validation; damage

@@ -95,7 +95,8 @@ def alone_because(s) -> str | None:
 
     # A Slurm scenario's cluster is its own (daemons on ports drawn for it, state in its run folder)
     # and its waits are Slurm's timers, not CPU; its timed kinds (requeue, and preempt or time_limit
-    # with a short grace or warning) stay alone below. Docker and netns nodes share the engine and the host's network set-up.
+    # with a short grace or warning) stay alone below. Docker and netns nodes share the engine and
+    # the host's network set-up.
     if s.cluster.multi_node and s.cluster.backend != "slurm":
         return f"{s.cluster.backend} nodes: engine-wide set-up, teardown timed by the collective timeout"
     if s.remote is not None:
