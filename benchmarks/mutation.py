@@ -501,12 +501,25 @@ def collect(session: Path, pristine: Path = ROOT, equivalent: list[dict] | None 
 STATUSES = ("killed", "survived", "not reached", "timeout", "error", "equivalent", "pending")
 
 
-def figures(mutants: list[dict]) -> dict:
+def wilson(killed: int, scored: int, z: float = 1.96) -> tuple[float, float] | None:
+    """The 95 % Wilson score interval of a proportion: where the score of every mutant in scope
+    lies, given a random sample's. It stays inside [0, 1] and is honest for small samples and
+    scores near 1, where the normal approximation is neither."""
+    if not scored:
+        return None
+    p, n = killed / scored, scored
+    mid, half = p + z * z / (2 * n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return round(max(0.0, (mid - half) / (1 + z * z / n)), 4), round(min(1.0, (mid + half) / (1 + z * z / n)), 4)
+
+
+def figures(mutants: list[dict], sampled: bool = False) -> dict:
     def count(ms):
         c = {s: sum(1 for m in ms if m["status"] == s) for s in STATUSES}
         c["total"] = len(ms)
         scored = c["total"] - c["equivalent"] - c["pending"]
         c["score"] = round(c["killed"] / scored, 4) if scored else None
+        if sampled:
+            c["score_ci95"] = wilson(c["killed"], scored)
         return c
 
     def median(status: str | None = None) -> float | None:
@@ -525,7 +538,7 @@ def write_results(mutants: list[dict], command: str, extra: dict, results: Path 
     from benchmarks import report
 
     data = {"command": command, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-            **extra, **figures(mutants), "mutants": mutants}
+            **extra, **figures(mutants, sampled=bool(extra.get("sample", {}).get("limit"))), "mutants": mutants}
     results.mkdir(parents=True, exist_ok=True)
     (results / "mutation.json").write_text(json.dumps(data, indent=1) + "\n")
     report.write_tables(results)
@@ -647,8 +660,9 @@ def resume(args: argparse.Namespace) -> int:
 def _report(session: Path, command: str, extra: dict, results: Path) -> int:
     mutants = collect(session, equivalent=load_equivalent())
     path = write_results(mutants, command, results=results, extra=extra)
-    f = figures(mutants)["totals"]
-    print(f"score {f['score']}: {f['killed']} killed of {f['total'] - f['equivalent'] - f['pending']} "
+    f = figures(mutants, sampled=bool(extra.get("sample", {}).get("limit")))["totals"]
+    ci = f" (95 % interval {f['score_ci95'][0]}-{f['score_ci95'][1]})" if f.get("score_ci95") else ""
+    print(f"score {f['score']}{ci}: {f['killed']} killed of {f['total'] - f['equivalent'] - f['pending']} "
           f"({f['survived']} survived, {f['not reached']} not reached, {f['timeout']} timed out, "
           f"{f['error']} errors, {f['equivalent']} equivalent, {f['pending']} pending); {path}")
     return 0

@@ -567,7 +567,11 @@ def coverage_md(d: dict) -> str:
 def mutation_md(d: dict) -> str:
     t = d["totals"]
     s = d["sample"]
-    rows = [[f"`{f}`", _pct(c["score"]), c["killed"], c["survived"], c["not reached"], c["timeout"], c["error"],
+    def score(c: dict) -> str:
+        ci = c.get("score_ci95")
+        return _pct(c["score"]) + (f" ({_pct(ci[0], 0)}–{_pct(ci[1], 0)})" if ci else "")
+
+    rows = [[f"`{f}`", score(c), c["killed"], c["survived"], c["not reached"], c["timeout"], c["error"],
              c["equivalent"], c["pending"], c["total"]] for f, c in [*d["files"].items(), ("all", t)]]
     out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): cosmic-ray's mutants "
            f"of the checkpoint path, each against the default-suite scenarios that reach its line, cheapest first, "
@@ -579,7 +583,9 @@ def mutation_md(d: dict) -> str:
            f"{_f(d.get('median_killed_s'), 0, ' s')}, survivors {_f(d.get('median_survived_s'), 0, ' s')}), "
            f"{_f(d['exec_wall_s'] / 60, 0, ' min')} in all. Score = killed / (total - equivalent); "
            "not reached, timed out and errors count as not killed; pending: not run before `--budget` ran out, "
-           "left out of the score (docs/mutation.md).\n\n"
+           "left out of the score (docs/mutation.md)."
+           + (" A sample's score is followed by its 95 % Wilson interval: where the score of all the mutants in "
+              "scope lies." if t.get("score_ci95") else "") + "\n\n"
            + _md(["file", "score", "killed", "survived", "not reached", "timed out", "error", "equivalent", "pending",
                   "total"],
                  rows))

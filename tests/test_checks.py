@@ -157,3 +157,22 @@ def test_reported_timings_fail_a_phase_longer_than_its_save_and_pass_measurement
                                       "total_s = 0.5s")
     v, detail = verdict({"commit_s": -0.01})
     assert v == "fail" and "phases.commit_s = -0.01 is not a duration" in detail
+
+
+def test_loaded_equals_saved_is_unknown_for_a_mid_step_checkpoint_without_a_gradient_digest(tmp_path):
+    from ckpt_chaos.check.checks import Report, Run, _loaded_equals_saved
+
+    parts = {"model": "m", "optimizer": "o", "scheduler": "s", "counters": "c", "dataloader": "d", "rng": "r"}
+
+    def verdict(micro: int, saved: dict) -> tuple[str, str]:
+        load = {"event": "loaded", "name": "step_00000003.001", "step": 3, "micro": micro, "world_size": 2,
+                "saved_world_size": 2, "digests": dict(saved), "saved_digests": saved}
+        report = Report()
+        _loaded_equals_saved(Run(None, tmp_path, tmp_path, [], [load]), report)
+        (c,) = report.checks
+        return c.verdict, c.detail
+
+    assert verdict(1, {**parts, "grads": "g"})[0] == "pass"
+    assert verdict(0, parts)[0] == "pass"  # a step boundary holds no gradients
+    v, detail = verdict(1, parts)
+    assert v == "unknown" and "after micro-batch 1 of step 3" in detail and "record a gradient digest" in detail

@@ -322,3 +322,12 @@ def test_a_drain_after_sigterm_that_ignores_the_grace_period_is_caught(tmp_path,
     bad = failed(r)
     assert "fault_1_preemption_handled" in bad, bad
     assert "but the launch was still running when the 5s grace period ran out" in bad["fault_1_preemption_handled"]
+
+
+def test_digests_that_leave_out_a_mid_step_checkpoints_gradients_are_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "preempt-before-first-optimizer-step.toml", "tests.planted.grads_left_out_of_digests")
+    assert r.verdict == "fail"
+    unknown = {c["name"]: c["detail"] for c in r.checks if c["verdict"] == "unknown"}
+    assert set(unknown) == {"loaded_equals_saved@step_00000000.001"}, unknown
+    assert "holds accumulated gradients, but its digests have none" in unknown["loaded_equals_saved@step_00000000.001"]
+    assert not failed(r), failed(r)  # training itself is untouched

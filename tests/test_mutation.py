@@ -306,3 +306,16 @@ def test_the_session_s_outcomes_become_statuses_and_a_later_equivalent_mark_wins
     marked = [{"file": CKPT, "operator": "core/AddNot", "original": old, "mutant": new, "reason": "r"}]
     again = {m["job"]: m for m in mutation.collect(session, equivalent=marked)}
     assert again["killed"]["status"] == "equivalent" and again["killed"]["run_status"] == "killed"
+
+
+def test_a_sample_s_score_carries_a_wilson_interval_that_holds_it_and_narrows_with_size():
+    assert mutation.wilson(0, 0) is None
+    lo, hi = mutation.wilson(10, 14)
+    assert (lo, hi) == (0.4535, 0.8828)  # the Wilson interval of 10 in 14, as published tables give it
+    assert mutation.wilson(20, 20)[1] == 1.0 and mutation.wilson(20, 20)[0] < 1.0
+    assert mutation.wilson(0, 20)[0] == 0.0
+    big = mutation.wilson(100, 140)
+    assert big[0] > lo and big[1] < hi
+    ms = [{"status": s, "file": CKPT} for s in ("killed", "killed", "survived", "equivalent", "pending")]
+    assert mutation.figures(ms)["totals"].get("score_ci95") is None  # every mutant run: no interval
+    assert mutation.figures(ms, sampled=True)["totals"]["score_ci95"] == mutation.wilson(2, 3)
