@@ -533,12 +533,18 @@ def figures(mutants: list[dict], sampled: bool = False) -> dict:
             "mutants_run": sum(1 for m in mutants if "wall_s" in m)}
 
 
+def _sampled(mutants: list[dict], extra: dict) -> bool:
+    """Whether the scored mutants are a random sample of those in scope: drawn with ``--limit``, or
+    cut short by ``--budget`` (cosmic-ray runs the pending mutants in random order)."""
+    return bool(extra.get("sample", {}).get("limit")) or any(m["status"] == "pending" for m in mutants)
+
+
 def write_results(mutants: list[dict], command: str, extra: dict, results: Path = RESULTS) -> Path:
     """``mutation.json`` and, as ``report.py --tables`` does, ``mutation.md`` in ``results``."""
     from benchmarks import report
 
     data = {"command": command, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-            **extra, **figures(mutants, sampled=bool(extra.get("sample", {}).get("limit"))), "mutants": mutants}
+            **extra, **figures(mutants, sampled=_sampled(mutants, extra)), "mutants": mutants}
     results.mkdir(parents=True, exist_ok=True)
     (results / "mutation.json").write_text(json.dumps(data, indent=1) + "\n")
     report.write_tables(results)
@@ -660,7 +666,7 @@ def resume(args: argparse.Namespace) -> int:
 def _report(session: Path, command: str, extra: dict, results: Path) -> int:
     mutants = collect(session, equivalent=load_equivalent())
     path = write_results(mutants, command, results=results, extra=extra)
-    f = figures(mutants, sampled=bool(extra.get("sample", {}).get("limit")))["totals"]
+    f = figures(mutants, sampled=_sampled(mutants, extra))["totals"]
     ci = f" (95 % interval {f['score_ci95'][0]}-{f['score_ci95'][1]})" if f.get("score_ci95") else ""
     print(f"score {f['score']}{ci}: {f['killed']} killed of {f['total'] - f['equivalent'] - f['pending']} "
           f"({f['survived']} survived, {f['not reached']} not reached, {f['timeout']} timed out, "
