@@ -333,13 +333,16 @@ def _wanted(spec, only: list[str]) -> bool:
 def annotate(session: Path, base: dict, files: list[str], limit: int | None, seed: int,
              equivalent: list[dict], only: list[str] | None = None) -> dict[str, int]:
     """Before ``exec``: mark as done (cosmic-ray's SKIPPED, as its filters do) the mutants out of the
-    checkpoint path, out of the sample (or not named with ``only``), equivalent, or on a line no
-    scenario reaches (a survivor that needs no run). What is left pending is what ``exec`` runs."""
+    checkpoint path, out of the sample (or not named with ``only``) or equivalent. What is left
+    pending is what ``exec`` runs, in random order. A mutant on a line no scenario reaches is
+    counted here but left pending too: its test command answers "not reached" at once, and a run cut
+    short by ``--budget`` then leaves a random share of every kind pending, not of the others only,
+    which would weigh those not reached more than the rest."""
     from cosmic_ray.work_db import WorkDB, use_db
-    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
-    def done(db, job, output, outcome=WorkerOutcome.SKIPPED, test=None):
-        db.set_result(job, WorkResult(output=output, worker_outcome=outcome, test_outcome=test))
+    def done(db, job, output):
+        db.set_result(job, WorkResult(output=output, worker_outcome=WorkerOutcome.SKIPPED))
 
     counts = dict.fromkeys(("out of scope", "not sampled", "equivalent", "not reached", "to run"), 0)
     with use_db(str(session), WorkDB.Mode.open) as db:
@@ -371,7 +374,6 @@ def annotate(session: Path, base: dict, files: list[str], limit: int | None, see
                 done(db, item.job_id, EQUIVALENT_MARK + reason)
                 counts["equivalent"] += 1
             elif not select(base, m["file"], [statement_line(sources[m["file"]], m["line"])]):
-                done(db, item.job_id, NOT_REACHED, WorkerOutcome.NORMAL, TestOutcome.SURVIVED)
                 counts["not reached"] += 1
             else:
                 counts["to run"] += 1
@@ -720,7 +722,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     sample = {"limit": args.limit, "seed": args.seed, "files": files, "named": args.mutant, **counts}
     run = {"command": command, "extra": {"sample": sample, "exec_wall_s": 0.0, "baseline": str(suite)}}
     _timed_exec(work, run, lambda: _exec(cosmic, config, session, tree, work / "mutants.log", args.budget,
-                                         counts["to run"]))
+                                         counts["to run"] + counts["not reached"]))
     return _report(session, command, run["extra"], Path(args.results))
 
 

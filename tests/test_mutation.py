@@ -319,3 +319,20 @@ def test_a_sample_s_score_carries_a_wilson_interval_that_holds_it_and_narrows_wi
     ms = [{"status": s, "file": CKPT} for s in ("killed", "killed", "survived", "equivalent", "pending")]
     assert mutation.figures(ms)["totals"].get("score_ci95") is None  # every mutant run: no interval
     assert mutation.figures(ms, sampled=True)["totals"]["score_ci95"] == mutation.wilson(2, 3)
+
+
+def test_a_mutant_no_scenario_reaches_is_left_to_exec_so_a_cut_run_stays_a_random_sample(tmp_path):
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import MutationSpec, WorkItem
+
+    lines = [n for n, text in enumerate((ROOT / CKPT).read_text().split("\n"), 1) if text.strip().startswith("if ")][:2]
+    session = tmp_path / "s.sqlite"
+    with use_db(str(session), WorkDB.Mode.create) as db:
+        for line in lines:
+            db.add_work_item(WorkItem(job_id=str(line), mutations=[MutationSpec(
+                CKPT, "core/AddNot", _occurrence("core/AddNot", line), (line, 8), (line, 9))]))
+    base = {"walls": {"quick": 1.0}, "reached": {CKPT: {str(lines[0]): ["quick"]}}}
+    counts = mutation.annotate(session, base, [CKPT], None, 0, [])
+    assert (counts["to run"], counts["not reached"]) == (1, 1)
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        assert sorted(i.job_id for i in db.pending_work_items) == sorted(map(str, lines))
