@@ -101,9 +101,12 @@ def test_a_bad_equivalent_entry_names_the_file_entry_and_key(tmp_path, body, say
         mutation.load_equivalent(f)
 
 
-def test_the_committed_equivalent_list_loads():
+def test_the_committed_equivalent_list_loads_and_each_entry_names_a_line_that_is_still_there():
     for e in mutation.load_equivalent():
-        assert (ROOT / e["file"]).is_file()
+        lines = [line.strip() for line in (ROOT / e["file"]).read_text().split("\n")]
+        assert e["original"].strip() in lines, f"stale entry: {e['file']} has no line {e['original']!r}"
+        if "line" in e:
+            assert lines[e["line"] - 1] == e["original"].strip(), e
 
 
 # ---- which scenarios a mutant meets ------------------------------------------------------------------
