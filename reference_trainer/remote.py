@@ -404,10 +404,11 @@ class Uploader:
                 return False
             except Exception as e:  # botocore, socket and verification errors alike: retry
                 error = f"{type(e).__name__}: {e}"[:500]
-                self.log("upload_retry", name=name, upload_attempt=attempt, error=error)
+                delay = backoff * 2 ** (attempt - 1) if attempt < retries else None
+                self.log("upload_retry", name=name, upload_attempt=attempt, error=error, retry_in_s=delay)
                 probe.point("upload.failed", name=name, attempt=attempt, error=error)
-                if attempt < retries:
-                    time.sleep(backoff * 2 ** (attempt - 1))
+                if delay is not None:
+                    time.sleep(delay)
         self.log("upload_failed", name=name, attempts=retries, error=error)
         return False
 

@@ -176,3 +176,30 @@ def test_loaded_equals_saved_is_unknown_for_a_mid_step_checkpoint_without_a_grad
     assert verdict(0, parts)[0] == "pass"  # a step boundary holds no gradients
     v, detail = verdict(1, parts)
     assert v == "unknown" and "after micro-batch 1 of step 3" in detail and "record a gradient digest" in detail
+
+
+def test_upload_backoff_fails_a_wait_other_than_configured_or_shorter_than_reported(tmp_path):
+    from ckpt_chaos.check.checks import Report, Run, _upload_backoff
+    from ckpt_chaos.config import builtin_scenarios
+    from ckpt_chaos.scenario import load
+
+    s = load(builtin_scenarios() / "remote" / "upload-reset-mid-manifest.toml")  # backoff_s 0.2
+
+    def verdict(waits: list[float], gaps: list[float]) -> tuple[str, str]:
+        events, t = [], 100.0
+        for k, (wait, gap) in enumerate(zip(waits, gaps), 1):
+            events.append({"event": "upload_retry", "role": "uploader", "process": "p", "attempt": 0,
+                           "name": "step_00000004", "upload_attempt": k, "retry_in_s": wait, "t": t})
+            t += gap
+        events.append({"event": "uploaded", "role": "uploader", "process": "p", "attempt": 0,
+                       "name": "step_00000004", "t": t})
+        report = Report()
+        _upload_backoff(Run(s, tmp_path, tmp_path, [], events), report)
+        (c,) = report.checks
+        return c.verdict, c.detail
+
+    assert verdict([0.2, 0.4], [0.25, 0.45])[0] == "pass"
+    v, detail = verdict([0.2, 0.2], [0.25, 0.25])  # a fixed interval, not an exponential one
+    assert v == "fail" and "after attempt 2 the uploader waits 0.2s, not upload_backoff_s * 2^1 = 0.4s" in detail
+    v, detail = verdict([0.2, 0.4], [0.03, 0.45])  # said it would wait, and did not
+    assert v == "fail" and "it said it would wait 0.2s, but its next event (upload_retry) came 0.030s later" in detail

@@ -331,3 +331,28 @@ def test_digests_that_leave_out_a_mid_step_checkpoints_gradients_are_caught(tmp_
     assert set(unknown) == {"loaded_equals_saved@step_00000000.001"}, unknown
     assert "holds accumulated gradients, but its digests have none" in unknown["loaded_equals_saved@step_00000000.001"]
     assert not failed(r), failed(r)  # training itself is untouched
+
+
+def test_a_commit_that_hashes_its_files_as_they_are_on_disk_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "storage/stray-bytes-in-a-shard-before-its-commit.toml",
+            "tests.planted.commit_hashes_files_on_disk")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "fault_0_detected" in bad and "but it was committed" in bad["fault_0_detected"], bad
+    assert "__0_0.distcp: " in bad["fault_0_detected"] and " bytes" in bad["fault_0_detected"], bad
+
+
+def test_an_uploader_that_retries_without_its_backoff_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/upload-reset-mid-manifest.toml", "tests.planted.retries_without_waiting")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "upload_backoff" in bad, bad
+    assert "it said it would wait" in bad["upload_backoff"] and "came 0.0" in bad["upload_backoff"], bad
+
+
+def test_a_time_cadence_that_saves_at_every_step_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "time-cadence-killed-twice.toml", "tests.planted.time_cadence_in_milliseconds")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "cadence" in bad, bad
+    assert "on its cadence, 0." in bad["cadence"] and "ckpt_every_seconds=1" in bad["cadence"], bad

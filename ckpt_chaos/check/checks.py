@@ -140,6 +140,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     _loaded_equals_saved(run, report)
     _resume_choice(run, report)
     _config_changes(run, report)
+    _cadence(run, report)
     _crash_states(run, report)
     _committed_valid(run, report)
     _remote_tier(run, report)
@@ -456,6 +457,49 @@ def _resume_choice(run: Run, report: Report) -> None:
                        f"{_blame(run, before.t, name)}")
 
 
+CADENCE_SLACK_S = 0.05  # the trainer times its cadence with monotonic(), events carry time.time()
+
+
+def _launch_config(run: Run, launch: int) -> dict:
+    """The trainer keys a launch ran with: the scenario's, then its relaunch's ``recovery.changes``."""
+    changes = run.s.recovery.changes
+    return {**run.s.trainer, **(changes[launch - 1] if 0 < launch <= len(changes) else {})}
+
+
+def _cadence(run: Run, report: Report) -> None:
+    """The trainer saves on its cadence no more often than configured: each cadence save at a multiple
+    of ckpt_every_steps or, with ckpt_every_seconds, at least that long after the loop got back from
+    the save before (a launch's first may come at any time). Each extra save stalls training for
+    nothing. Launches whose scenario leaves ckpt_every_steps to the trainer's default are skipped."""
+    problems, saves = [], 0
+    for launch in run.launches():
+        cfg = _launch_config(run, launch)
+        if cfg.get("ckpt_every_steps") is None:
+            continue
+        every_steps, every_s = int(cfg["ckpt_every_steps"]), float(cfg.get("ckpt_every_seconds") or 0)
+        returned = None  # when the loop got back from the save before
+        for e in run.events:
+            if e.get("attempt") != launch or e["event"] not in ("saved", "save_started"):
+                continue
+            if e.get("reason") not in ("cadence", "final"):
+                continue
+            began = e["t"] - ((e.get("stall_s") if e["event"] == "save_started" else e.get("total_s")) or 0.0)
+            step = (parse_name(e["name"]) or (0, 0))[0]
+            if e["reason"] == "cadence":
+                saves += 1
+                on_step = every_steps > 0 and step % every_steps == 0
+                on_time = every_s > 0 and (returned is None or began - returned >= every_s - CADENCE_SLACK_S)
+                if not (on_step or on_time):
+                    since = "" if returned is None else f", {began - returned:.2f}s after the save before"
+                    problems.append(f"launch {launch} saved {e['name']} on its cadence{since}, with "
+                                    f"ckpt_every_steps={every_steps} and ckpt_every_seconds={every_s:g}")
+            returned = e["t"]
+    if saves:
+        report.add("cadence", not problems,
+                   f"{saves} cadence save(s), none more often than configured" if not problems else
+                   "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+
+
 def _config_changes(run: Run, report: Report) -> None:
     """A relaunch whose configuration changed a key the resume must refuse (``expect.refused``) exits
     non-zero before loading anything, says which key, and leaves the checkpoints as they were; a
@@ -629,6 +673,7 @@ def _remote_tier(run: Run, report: Report) -> None:
                    f"training finished with {local}, but the newest durable remote checkpoint is {remote or 'none'}: "
                    "the last upload never completed (see upload_* events in events.jsonl)")
         _remote_retention(run, report, exits[-1].remote)
+    _upload_backoff(run, report)
     # A hand-off is a pipe write; an uploader that made the loop wait would stall it for about as long as
     # its uploads take. Compared in sums, so one scheduling hiccup on a busy machine does not decide it.
     stall = sum(e["stall_s"] for e in run.trainer("upload_queued"))
@@ -638,6 +683,40 @@ def _remote_tier(run: Run, report: Report) -> None:
         report.add("upload_stall", ok,
                    f"handing checkpoints to the uploader stalled training {stall * 1000:.1f} ms in all, while uploads "
                    f"took {uploading:.2f} s" + ("" if ok else ": the training loop waited for its uploads"))
+
+
+def _upload_backoff(run: Run, report: Report) -> None:
+    """After its k-th failed attempt at a checkpoint the uploader waits upload_backoff_s * 2^(k-1),
+    as configured, before the next: a store that is down is not hammered, and one that is back is
+    not kept waiting longer than asked. The wait it reports is the configured one, and the next
+    event of that upload came no sooner."""
+    if run.s.remote is None:
+        return
+    retries = [e for e in run.trainer("upload_retry") if e.get("retry_in_s") is not None]
+    if not retries:
+        return
+    by_process: dict[str, list[dict]] = {}
+    for e in run.events:
+        if e.get("role") == "uploader" and e.get("name") is not None:
+            by_process.setdefault(e.get("process"), []).append(e)
+    problems = []
+    for e in retries:
+        launch, k = e.get("attempt", 0), e["upload_attempt"]
+        change = run.s.recovery.changes[launch - 1] if 0 < launch <= len(run.s.recovery.changes) else {}
+        backoff = float(change.get("upload_backoff_s", run.s.trainer.get("upload_backoff_s", run.s.remote.backoff_s)))
+        want = backoff * 2 ** (k - 1)
+        if not math.isclose(e["retry_in_s"], want, rel_tol=1e-6, abs_tol=1e-9):
+            problems.append(f"{e['name']} (launch {launch}): after attempt {k} the uploader waits "
+                            f"{e['retry_in_s']:g}s, not upload_backoff_s * 2^{k - 1} = {want:g}s")
+            continue
+        same = by_process.get(e.get("process"), [])
+        nxt = next((x for x in same if x["t"] > e["t"] and x["name"] == e["name"]), None)
+        if nxt is not None and nxt["t"] - e["t"] < e["retry_in_s"]:
+            problems.append(f"{e['name']} (launch {launch}): after attempt {k} it said it would wait {want:g}s, but "
+                            f"its next event ({nxt['event']}) came {nxt['t'] - e['t']:.3f}s later")
+    report.add("upload_backoff", not problems,
+               f"{len(retries)} retried upload attempt(s), each after the configured backoff" if not problems else
+               "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
 
 
 def _remote_retention(run: Run, report: Report, remote: dict) -> None:

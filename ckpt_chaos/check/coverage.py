@@ -141,6 +141,7 @@ APPLIES: dict[str, Callable[[Scenario], bool]] = {
     "config_refused": lambda s: _relaunched(s) and any(k in s.expect.refused for c in s.recovery.changes for k in c),
     "config_accepted": lambda s: _relaunched(s) and any(not any(k in s.expect.refused for k in c)
                                                         for c in s.recovery.changes if c),
+    "cadence": lambda s: s.trainer.get("ckpt_every_steps") is not None,
     "retention_kept": lambda s: bool(s.trainer.get("keep_every") or s.trainer.get("keep_best")),
     "fault_fired": lambda s: bool(s.faults),
     "fault_landed": lambda s: any(f.when.min_fraction is not None and f.when.point == "ckpt.shard.write"
@@ -164,6 +165,8 @@ APPLIES: dict[str, Callable[[Scenario], bool]] = {
     "final_durable": lambda s: s.remote is not None,
     "remote_retention": lambda s: s.remote is not None,
     "upload_stall": lambda s: s.remote is not None,
+    # an upload attempt fails when a toxic cuts or stalls the link (other faults may fail one too)
+    "upload_backoff": lambda s: s.remote is not None and any(f.kind == "toxic" for f in s.faults),
     "restored_durable": lambda s: s.remote is not None and _relaunched(s)
                                   and any(f.spec.loses_disk for f in s.faults),
 }

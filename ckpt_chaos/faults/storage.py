@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 CALLS = ("open", "write", "read", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate", "any")
 LIBFIU_CALLS = ("open", "write", "fsync", "rename", "unlink", "truncate")
-CORRUPTIONS = ("truncate", "flip", "delete", "wrong_format", "wrong_step", "unlist_metadata")
+CORRUPTIONS = ("truncate", "flip", "append", "delete", "wrong_format", "wrong_step", "unlist_metadata")
+STRAY_BYTES = 4096  # what `append` adds: a page, as a stray writer would
 # Corruptions that edit what a manifest says (a bad copy, a tool rewriting it, a directory renamed
 # by hand) instead of damaging bytes: the manifest stays readable JSON, with its sizes and checksums.
 MANIFEST_EDITS = ("wrong_format", "wrong_step", "unlist_metadata")
@@ -60,7 +61,8 @@ class SlowParams:
 
 @dataclass
 class CorruptParams:
-    corruption: str = "truncate"  # truncate (to half) | flip (8 bits in the middle) | delete
+    corruption: str = "truncate"  # truncate (to half) | flip (8 bits in the middle) | append (a page of
+    # stray bytes at the end, as another writer in the directory would) | delete
     # | on manifest.json only (MANIFEST_EDITS): wrong_format (an unknown format number), wrong_step
     # (a step other than the directory's name), unlist_metadata (DCP's .metadata left out of its files)
     file: str = "*.distcp"  # glob over the checkpoint's files
@@ -181,6 +183,10 @@ def _damage(target: Path, p: CorruptParams) -> dict:
                 fh.seek(size // 2)
                 fh.write(bytes([byte[0] ^ 0xFF]))
             done.append(f"{f.name}: 8 bits flipped at byte {size // 2}")
+        elif p.corruption == "append":
+            with open(f, "ab") as fh:
+                fh.write(b"\xa5" * STRAY_BYTES)
+            done.append(f"{f.name}: {size} -> {size + STRAY_BYTES} bytes")
         elif p.corruption in MANIFEST_EDITS:
             done.append(f"{f.name}: {_edit_manifest(f, p.corruption)}")
         else:
@@ -411,8 +417,9 @@ KINDS = (
               "made durable by fsync", NoParams, StorageNemesis, StorageNemesis.power_loss, "#543005",
               validate=_on_local_storage, needs=lambda p: frozenset({"faultfs", "lazy"}),
               ends_launch=True, crashes=True, loses_unsynced=True),
-    FaultKind("corrupt", "storage", "truncate, flip bits in, or delete files of a committed checkpoint (newest, "
-              "oldest or by name), or edit its manifest", CorruptParams, StorageNemesis, StorageNemesis.corrupt, "#b2182b",
+    FaultKind("corrupt", "storage", "truncate, flip bits in, append to or delete files of a committed checkpoint "
+              "(newest, oldest or by name), or edit its manifest", CorruptParams, StorageNemesis,
+              StorageNemesis.corrupt, "#b2182b",
               validate=_check_corrupt, effect_check=corruption_detected,
               describe=lambda f, h: f"corrupt ({f.params.corruption} {'; '.join(h.detail.get('files', []))})",
               damages=True),
