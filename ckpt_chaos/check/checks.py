@@ -460,6 +460,11 @@ def _resume_choice(run: Run, report: Report) -> None:
 CADENCE_SLACK_S = 0.05  # the trainer times its cadence with monotonic(), events carry time.time()
 
 
+def _first_few(problems: list[str], n: int = 3) -> str:
+    """A failed check's detail: its first ``n`` problems, and how many more there are."""
+    return "; ".join(problems[:n]) + (f" (and {len(problems) - n} more)" if len(problems) > n else "")
+
+
 def _launch_config(run: Run, launch: int) -> dict:
     """The trainer keys a launch ran with: the scenario's, then its relaunch's ``recovery.changes``."""
     changes = run.s.recovery.changes
@@ -497,7 +502,7 @@ def _cadence(run: Run, report: Report) -> None:
     if saves:
         report.add("cadence", not problems,
                    f"{saves} cadence save(s), none more often than configured" if not problems else
-                   "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+                   _first_few(problems))
 
 
 def _config_changes(run: Run, report: Report) -> None:
@@ -702,8 +707,7 @@ def _upload_backoff(run: Run, report: Report) -> None:
     problems = []
     for e in retries:
         launch, k = e.get("attempt", 0), e["upload_attempt"]
-        change = run.s.recovery.changes[launch - 1] if 0 < launch <= len(run.s.recovery.changes) else {}
-        backoff = float(change.get("upload_backoff_s", run.s.trainer.get("upload_backoff_s", run.s.remote.backoff_s)))
+        backoff = float(_launch_config(run, launch).get("upload_backoff_s", run.s.remote.backoff_s))
         want = backoff * 2 ** (k - 1)
         if not math.isclose(e["retry_in_s"], want, rel_tol=1e-6, abs_tol=1e-9):
             problems.append(f"{e['name']} (launch {launch}): after attempt {k} the uploader waits "
@@ -716,7 +720,7 @@ def _upload_backoff(run: Run, report: Report) -> None:
                             f"its next event ({nxt['event']}) came {nxt['t'] - e['t']:.3f}s later")
     report.add("upload_backoff", not problems,
                f"{len(retries)} retried upload attempt(s), each after the configured backoff" if not problems else
-               "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+               _first_few(problems))
 
 
 def _remote_retention(run: Run, report: Report, remote: dict) -> None:
@@ -889,6 +893,6 @@ def _reported_timings(run: Run, report: Report) -> None:
                 and v > total + PHASE_SLACK_S]
         if over:
             bad.append(f"saved {e.get('name')}: {', '.join(over)}, longer than the save's total_s = {total:.4g}s")
-    report.add("reported_timings", not bad, "; ".join(bad[:3]) + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+    report.add("reported_timings", not bad, _first_few(bad)
                if bad else f"{len(durations)} durations the trainer reported are measurements: none negative, none "
                "longer than the run or than the save they are part of")
