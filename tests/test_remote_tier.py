@@ -130,8 +130,12 @@ def test_the_remote_tier_lists_and_removes_what_a_dead_harness_left(tmp_path):
     assert objectstore.leftovers(owner=os.getpid()) == []
     dead = subprocess.Popen(["true"])
     dead.wait()  # a harness pid that no longer runs
-    orphan = subprocess.Popen(["sleep", "60"], env={**os.environ, objectstore.OWNER_ENV: str(dead.pid)})
+    # It says so once it runs: until execve has set up the new stack, /proc/PID/environ reads empty, and
+    # Popen can return (the vfork parent resumes) before that.
+    orphan = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
+                              env={**os.environ, objectstore.OWNER_ENV: str(dead.pid)}, stdout=subprocess.PIPE, text=True)
     try:
+        assert orphan.stdout.readline().strip() == "ready"
         assert f"process {orphan.pid}" in objectstore.leftovers()
         assert f"process {orphan.pid}" in objectstore.remove_leftovers()
         assert orphan.wait(10) == -9
