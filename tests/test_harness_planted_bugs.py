@@ -356,3 +356,11 @@ def test_a_time_cadence_that_saves_at_every_step_is_caught(tmp_path, golden_root
     bad = failed(r)
     assert "cadence" in bad, bad
     assert "on its cadence, 0." in bad["cadence"] and "ckpt_every_seconds=1" in bad["cadence"], bad
+
+
+def test_an_uploader_that_reports_its_progress_in_percent_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/uploader-killed-mid-object.toml", "tests.planted.upload_progress_in_percent")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "fault_0_landed" in bad, bad
+    assert "and reported 10 of it" in bad["fault_0_landed"] and "progress its file did not have" in bad["fault_0_landed"]

@@ -200,21 +200,29 @@ LANDED_SLACK = 0.05
 
 
 def _faults_landed(run: Run, report: Report) -> None:
-    """A fault aimed at a fraction of a shard's write (``when.min_fraction``) found that much of the
-    file on disk (no more than the next tenth), measured against the size the golden run wrote it
-    at: the trainer's own count of its progress is what this checks, not what it trusts."""
+    """A fault aimed at a fraction of a file's write (``when.min_fraction``) found that much of it done
+    (no more than the next tenth, the probe reporting each tenth), measured against the size the golden
+    run wrote the file at: for a shard, what was on disk; for an upload, the bytes the uploader's reader
+    had handed to the request. The trainer's own fraction is what this checks, not what it trusts."""
     for h in run.faults():
         fraction = run.s.faults[h.index].when.min_fraction
-        if fraction is None or h.at.get("point") != "ckpt.shard.write":
+        point, info = h.at.get("point"), h.at.get("info", {})
+        if fraction is None or point not in ("ckpt.shard.write", "upload.write"):
             continue
-        name = h.at.get("info", {}).get("file")
-        writing = (h.snapshot_before or {}).get("writing", {})
-        where = [p for p in writing if p.endswith("/" + str(name))]
-        if len(where) != 1:
-            report.add("landed", "unknown", f"{name} was not in exactly one save in progress when the fault fired "
-                       f"({', '.join(where) or 'none'})", fault=h.index)
-            continue
-        ckpt = where[0].split("/")[0].removeprefix(TMP_PREFIX)
+        name = info.get("file")
+        if point == "upload.write":
+            ckpt, label, done = str(info.get("name")), f"{info.get('name')}/{name}", info.get("bytes")
+            if not isinstance(done, int):
+                report.add("landed", "unknown", f"the upload of {label} reported no byte count", fault=h.index)
+                continue
+        else:
+            writing = (h.snapshot_before or {}).get("writing", {})
+            where = [p for p in writing if p.endswith("/" + str(name))]
+            if len(where) != 1:
+                report.add("landed", "unknown", f"{name} was not in exactly one save in progress when the fault "
+                           f"fired ({', '.join(where) or 'none'})", fault=h.index)
+                continue
+            ckpt, label, done = where[0].split("/")[0].removeprefix(TMP_PREFIX), where[0], writing[where[0]]
         sizes = _golden_sizes(run.golden, name)
         if not sizes:
             report.add("landed", "unknown", f"the golden run kept no manifest listing {name} to measure it against",
@@ -224,13 +232,23 @@ def _faults_landed(run: Run, report: Report) -> None:
         # moves by a few bytes from step to step (the pickled counters), not by a fraction
         near = min(sizes, key=lambda c: (c != ckpt, abs((parse_name(c) or (0, 0))[0] - (parse_name(ckpt) or (0, 0))[0])))
         planned = sizes[near]
-        got = writing[where[0]] / planned
-        # the probe reports each tenth of the file, so the first report at the trigger is at most a
-        # tenth past it
-        early, late = got < fraction - LANDED_SLACK, got > min(1.0, fraction + 0.1 + LANDED_SLACK)
+        got = done / planned
+        if point == "ckpt.shard.write":
+            # the probe reports each tenth of the file, so the first report at the trigger is at most a
+            # tenth past it
+            early, late = got < fraction - LANDED_SLACK, got > min(1.0, fraction + 0.1 + LANDED_SLACK)
+            said = f"{label} held {got:.0%} of its {planned} bytes (the golden run's {near})"
+        else:
+            # the HTTP client reads the body in blocks as large as it likes (a small file at once), so
+            # only progress claimed beyond the bytes read is wrong
+            reported = info.get("fraction")
+            early = got < fraction - LANDED_SLACK or not isinstance(reported, (int, float)) \
+                or reported > got + LANDED_SLACK
+            late = False
+            said = (f"the uploader had read {got:.0%} of {label}'s {planned} bytes (the golden run's {near}) "
+                    f"into its request, and reported {reported!r} of it,")
         report.add("landed", not (early or late), fault=h.index, detail=
-                   f"{where[0]} held {got:.0%} of its {planned} bytes (the golden run's {near}) when the fault "
-                   f"fired, for a trigger at {fraction:.0%}" + (
+                   f"{said} when the fault fired, for a trigger at {fraction:.0%}" + (
                        ": the trainer's probe reported progress its file did not have" if early else
                        ": the trainer's probe reported progress later than the file made it" if late else ""))
 

@@ -144,8 +144,8 @@ APPLIES: dict[str, Callable[[Scenario], bool]] = {
     "cadence": lambda s: s.trainer.get("ckpt_every_steps") is not None,
     "retention_kept": lambda s: bool(s.trainer.get("keep_every") or s.trainer.get("keep_best")),
     "fault_fired": lambda s: bool(s.faults),
-    "fault_landed": lambda s: any(f.when.min_fraction is not None and f.when.point == "ckpt.shard.write"
-                                  for f in s.faults),
+    "fault_landed": lambda s: any(f.when.min_fraction is not None
+                                  and f.when.point in ("ckpt.shard.write", "upload.write") for f in s.faults),
     "final_state": lambda s: s.expect.trajectory == "bit-exact",
     # The faulted launch fails as the kind says (kinds with an exit check of their own answer instead).
     "fault_job_failed": lambda s: any(f.spec.exit_check is None and (s.expect.job_fails is not None or f.ends_launch)
