@@ -90,6 +90,14 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be > 0")
+        # a negative cadence or retention count would pass for "off" in some places and not in others
+        # (step % -3 is never positive: every checkpoint a milestone)
+        non_negative = ["ckpt_every_steps", "ckpt_every_seconds", "keep_every", "digest_every",
+                        "stop_after_microbatches", "step_delay_s", "upload_backoff_s", "upload_drain_s",
+                        "preempt_grace_s"]
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if not 0.0 <= self.dropout < 1.0:

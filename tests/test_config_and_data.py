@@ -43,6 +43,15 @@ def test_wrong_type_names_field_and_type(tmp_path):
         load_config(f)
 
 
+@pytest.mark.parametrize("field,value", [("keep_every", -3), ("ckpt_every_steps", -1), ("ckpt_every_seconds", -0.5),
+                                         ("upload_drain_s", -1.0)])
+def test_a_negative_cadence_or_retention_count_is_refused_naming_the_field(field, value):
+    """Not taken for "off": a negative keep_every would make every checkpoint a milestone."""
+    with pytest.raises(ConfigError, match=rf"^{field}={value} must be >= 0$"):
+        TrainConfig(**{field: value}).validate()
+    TrainConfig(**{field: 0}).validate()
+
+
 def test_world_size_that_does_not_divide_global_batch_is_rejected_with_the_sizes_that_fit():
     cfg = TrainConfig(global_batch=16, grad_accum=2)
     with pytest.raises(ConfigError, match=r"global_batch=16 is not divisible by world_size=3 x grad_accum=2; "
