@@ -296,13 +296,19 @@ def in_annotation(m: dict, pristine: Path = ROOT) -> bool:
     return any(lo <= tuple(m["start"]) and tuple(m["end"]) <= hi for lo, hi in spans)
 
 
+def _bare(line: str) -> str:
+    return "".join(line.split())
+
+
 def equivalent_reason(entries: list[dict], m: dict) -> str | None:
     if in_annotation(m):
         return ANNOTATION_REASON
-    old, new = changed_lines(m["diff"])
+    # compared without whitespace: the mutating library's spacing ("( 9 << 20", "8 <<  21") is not
+    # what anyone copying a line by hand would write, and an entry that never matches runs its mutant
+    old, new = (_bare(x) for x in changed_lines(m["diff"]))
     for e in entries:
-        if (e["file"] == m["file"] and e["operator"] == m["operator"] and e["original"].strip() == old
-                and e["mutant"].strip() == new and e.get("line", m["line"]) == m["line"]):
+        if (e["file"] == m["file"] and e["operator"] == m["operator"] and _bare(e["original"]) == old
+                and _bare(e["mutant"]) == new and e.get("line", m["line"]) == m["line"]):
             return e["reason"].strip()
     return None
 
