@@ -200,10 +200,11 @@ LANDED_SLACK = 0.05
 
 
 def _faults_landed(run: Run, report: Report) -> None:
-    """A fault aimed at a fraction of a file's write (``when.min_fraction``) found that much of it done
-    (no more than the next tenth, the probe reporting each tenth), measured against the size the golden
-    run wrote the file at: for a shard, what was on disk; for an upload, the bytes the uploader's reader
-    had handed to the request. The trainer's own fraction is what this checks, not what it trusts."""
+    """A fault aimed at a fraction of a file's write (``when.min_fraction``) found that much of it done,
+    measured against the size the golden run wrote the file at: for a shard, what was on disk (and no
+    more than the next tenth, the probe reporting each tenth); for an upload, the bytes the uploader's
+    reader had handed to the request (and no more reported than that). The trainer's own fraction is
+    what this checks, not what it trusts."""
     for h in run.faults():
         fraction = run.s.faults[h.index].when.min_fraction
         point, info = h.at.get("point"), h.at.get("info", {})
