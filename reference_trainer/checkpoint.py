@@ -427,6 +427,7 @@ class CheckpointManager:
             except (Exception, CheckpointException) as e:  # nothing in flight
                 return self._failed(name, reason, e)
             staging = time.perf_counter()
+            phases["wait_staged_s"] = 0.0  # every async save reports it: zero when the copy was done in time
             response.staging_completion.add_done_callback(
                 lambda _: phases.__setitem__("stage_s", time.perf_counter() - staging))
             stall = time.perf_counter() - started

@@ -300,12 +300,23 @@ class UploadQueue:
                 self.log("upload_drain_timeout", timeout_s=timeout_s)
                 self.proc.kill()
                 self.proc.wait()
+                rc = None
+            if rc == 0:
                 return
-            if rc == 0 or respawns <= 0 or time.monotonic() >= deadline:
+            if rc is None or respawns <= 0 or time.monotonic() >= deadline:
+                # No uploader comes after this one to sweep its staging, whose links would keep the
+                # bytes of checkpoints that retention deleted until the next job.
+                sweep_staging(self.cfg.checkpoint_dir)
                 return
             self.log("uploader_died", pid=self.proc.pid, rc=rc)
             respawns -= 1
             self._spawn()
+
+
+def sweep_staging(root: Path) -> None:
+    """Remove the staging directories of uploaders that are gone."""
+    for stale in Path(root).glob(UPLOAD_PREFIX + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -438,8 +449,7 @@ class Uploader:
             self.log("remote_retention", deleted=sorted(deleted), kept=sorted(keep))
 
     def run(self, lines) -> int:
-        for stale in self.root.glob(UPLOAD_PREFIX + "*"):  # an earlier uploader died mid-upload
-            shutil.rmtree(stale, ignore_errors=True)
+        sweep_staging(self.root)  # an earlier uploader may have died mid-upload
         work: queue.Queue = queue.Queue()
         first = self.pending_at_start()
         if first:

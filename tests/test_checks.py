@@ -159,6 +159,42 @@ def test_reported_timings_fail_a_phase_longer_than_its_save_and_pass_measurement
     assert v == "fail" and "phases.commit_s = -0.01 is not a duration" in detail
 
 
+def test_reported_timings_fail_a_save_without_a_phase_every_golden_save_of_its_kind_reported(tmp_path):
+    from ckpt_chaos.check.checks import Report, Run, _reported_timings
+    from ckpt_chaos.scenario import Recovery, Scenario
+
+    golden = tmp_path / "golden"
+    golden.mkdir()
+    saved = {"event": "saved", "t": 1000.0, "stall_s": 0.1, "total_s": 0.5}
+    golden_saves = [{**saved, "name": "step_00000002", "asynchronous": True,
+                     "phases": {"stage_s": 0.1, "commit_s": 0.1, "wait_staged_s": 0.1}},
+                    {**saved, "name": "step_00000004", "asynchronous": True,
+                     "phases": {"stage_s": 0.1, "commit_s": 0.1}},
+                    {**saved, "name": "step_00000006", "asynchronous": False, "phases": {"commit_s": 0.1}}]
+    (golden / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in golden_saves))
+
+    def verdict(asynchronous: bool, phases: dict, attempt: int = 0, changes: tuple = ()) -> tuple[str, str]:
+        s = Scenario(name="x", trainer={"max_steps": 8},
+                     recovery=Recovery(changes=list(changes)))
+        events = [{**saved, "name": "step_00000008", "asynchronous": asynchronous, "phases": phases,
+                   "attempt": attempt}]
+        run = Run(s, tmp_path, golden, [LaunchStarted(t=990.0, launch=0, world_size=2, pid=1, mode="harness")], events)
+        report = Report()
+        _reported_timings(run, report)
+        (c,) = report.checks
+        return c.verdict, c.detail
+
+    # wait_staged_s came in only one of the golden run's asynchronous saves: not required
+    assert verdict(True, {"stage_s": 0.1, "commit_s": 0.1})[0] == "pass"
+    assert verdict(False, {"commit_s": 0.1})[0] == "pass"
+    v, detail = verdict(True, {"commit_s": 0.1})
+    assert v == "fail" and detail == ("saved step_00000008: no stage_s among its phases, which every asynchronous "
+                                      "save of the golden run reported")
+    assert verdict(False, {})[0] == "fail"
+    # a relaunch that changed the configuration may save differently
+    assert verdict(True, {"commit_s": 0.1}, attempt=1, changes=({"manifest_format": 1},))[0] == "pass"
+
+
 def test_loaded_equals_saved_is_unknown_for_a_mid_step_checkpoint_without_a_gradient_digest(tmp_path):
     from ckpt_chaos.check.checks import Report, Run, _loaded_equals_saved
 

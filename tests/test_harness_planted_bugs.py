@@ -364,3 +364,21 @@ def test_an_uploader_that_reports_its_progress_in_percent_is_caught(tmp_path, go
     bad = failed(r)
     assert "fault_0_landed" in bad, bad
     assert "and reported 10 of it" in bad["fault_0_landed"] and "progress its file did not have" in bad["fault_0_landed"]
+
+
+def test_an_uploader_staging_that_nobody_sweeps_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/uploader-killed-mid-object.toml",
+            "tests.planted.uploader_keeps_stale_staging")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert list(bad) == ["no_strays"], bad
+    assert bad["no_strays"] == "left behind after recovery: .upload-step_00000004"
+
+
+def test_an_async_save_whose_copy_went_untimed_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-async-save-mid-write.toml", "tests.planted.async_stage_time_lost")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert list(bad) == ["reported_timings"], bad
+    assert "no stage_s among its phases, which every asynchronous save of the golden run reported" in (
+        bad["reported_timings"])

@@ -791,8 +791,8 @@ def _final_directory(run: Run, report: Report) -> None:
     if not exits or exits[-1].rc != 0:
         return
     snap = exits[-1].snapshot
-    report.add("no_strays", not snap["strays"], "no temporary or trash directories left" if not snap["strays"]
-               else f"left behind after recovery: {', '.join(snap['strays'])}")
+    report.add("no_strays", not snap["strays"], "no temporary, trash or other hidden directories left"
+               if not snap["strays"] else f"left behind after recovery: {', '.join(snap['strays'])}")
     keep_last = int(run.s.trainer.get("keep_last", 3))
     keep_every = int(run.s.trainer.get("keep_every", 0) or 0)
     keep_best = bool(run.s.trainer.get("keep_best", False))
@@ -883,9 +883,33 @@ CLOCK_SLACK_S = 1.0  # the harness's and the trainer's clocks are read by differ
 PHASE_SLACK_S = 1e-3  # a phase and its save's total are read from the clock one after the other
 
 
+def _missing_phases(run: Run) -> list[str]:
+    """Saves that left out a phase every save of the same kind (asynchronous or not) reported in the
+    golden run: a phase that only some saves report (a wait that happens only sometimes) is not
+    required. Launches whose ``recovery.changes`` changed the configuration may save differently."""
+    required: dict[bool, set[str]] = {}
+    for e in trainer_events(run.golden, "saved"):
+        kind = bool(e.get("asynchronous"))
+        phases = set(e.get("phases") or ())
+        required[kind] = required[kind] & phases if kind in required else phases
+    if not any(required.values()):
+        return []
+    missing = []
+    for e in run.trainer("saved"):
+        if _launch_config(run, e.get("attempt", 0)) != run.s.trainer:
+            continue
+        kind = bool(e.get("asynchronous"))
+        gone = sorted(required.get(kind, set()) - set(e.get("phases") or ()))
+        if gone:
+            missing.append(f"saved {e.get('name')}: no {', '.join(gone)} among its phases, which every "
+                           f"{'asynchronous' if kind else 'synchronous'} save of the golden run reported")
+    return missing
+
+
 def _reported_timings(run: Run, report: Report) -> None:
     """Each duration the trainer reports is a measurement: a finite number of seconds, no longer than
-    the run had lasted when it was reported, and a save's stall and phases within its total."""
+    the run had lasted when it was reported, and a save's stall and phases within its total; and each
+    save reports the phases that every save of its kind reported in the golden run."""
     starts = [h.t for h in run.records(LaunchStarted)]
     begun = min(starts, default=None)
     durations = []  # (what, field, value, when reported)
@@ -912,6 +936,7 @@ def _reported_timings(run: Run, report: Report) -> None:
                 and v > total + PHASE_SLACK_S]
         if over:
             bad.append(f"saved {e.get('name')}: {', '.join(over)}, longer than the save's total_s = {total:.4g}s")
+    bad += _missing_phases(run)
     report.add("reported_timings", not bad, _first_few(bad)
                if bad else f"{len(durations)} durations the trainer reported are measurements: none negative, none "
-               "longer than the run or than the save they are part of")
+               "longer than the run or than the save they are part of; every save reports its kind's phases")

@@ -291,7 +291,10 @@ def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:
     ckpts = {p.name: validate(p, verify_checksums) or dcp_problem(p) for p in list_checkpoints(root)}
     latest_path = root / LATEST
     latest = latest_path.read_text().strip() if latest_path.is_file() else None
-    strays = sorted(p.name for p in root.iterdir() if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)))
+    # The layout's temporary and trash entries, and any other hidden directory: a trainer's work in
+    # progress (an uploader's staging, say), which a finished job has no reason to keep.
+    strays = sorted(p.name for p in root.iterdir()
+                    if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)) or (p.name.startswith(".") and p.is_dir()))
     valid = [n for n, reason in ckpts.items() if reason is None]
     # the bytes of each file a save in progress has on disk: where a fault landed in its write
     writing = {f"{d}/{f.name}": f.stat().st_size for d in strays if d.startswith(TMP_PREFIX)

@@ -11,7 +11,8 @@ half of what a trainer shares with the harness.
 Contract: ``<root>/step_NNNNNNNN[.MMM]/`` holds the checkpoint's files and ``manifest.json`` (files,
 sizes, checksums, step, world size, config hash, format); such a directory exists only once every
 file in it is durable (written in ``.tmp-<name>/`` and renamed); ``<root>/latest`` names the newest
-committed checkpoint; ``rejected/`` holds quarantined ones with the reason.
+committed checkpoint; ``rejected/`` holds quarantined ones with the reason; a hidden directory
+(``.tmp-``, ``.trash-``, an uploader's staging) is work in progress, gone once the job has finished.
 """
 
 from __future__ import annotations
