@@ -278,7 +278,7 @@ class Expect:
     trajectory: str = "bit-exact"
     rel_tol: float = 0.03  # tolerance mode: relative loss difference per step
     resume_from: str | None = None
-    max_lost_steps: int | None = None  # default: one checkpoint interval
+    max_lost_steps: int | None = None  # default: one checkpoint interval (two less a step for async saves)
     job_fails: bool | None = None  # the faulted launch exits non-zero (default: not for term)
     detect_within_s: float | None = None  # fault -> faulted launch gone
     deadline_s: float = 300.0

@@ -195,6 +195,30 @@ def test_reported_timings_fail_a_save_without_a_phase_every_golden_save_of_its_k
     assert verdict(True, {"commit_s": 0.1}, attempt=1, changes=({"manifest_format": 1},))[0] == "pass"
 
 
+def test_lost_work_allows_the_interval_an_async_save_was_still_writing_and_no_more(tmp_path):
+    from ckpt_chaos.check.checks import Report, Run, _lost_work
+    from ckpt_chaos.scenario import Scenario
+
+    def verdict(reached: int, async_save: bool) -> tuple[str, str]:
+        (tmp_path / "trajectory.jsonl").write_text("".join(
+            json.dumps({"attempt": 0, "step": step}) + "\n" for step in range(1, reached + 1)))
+        s = Scenario(name="x", trainer={"max_steps": 12, "ckpt_every_steps": 4, "async_save": async_save})
+        events = [{"event": "fresh_start", "attempt": 0},
+                  {"event": "loaded", "attempt": 1, "name": "step_00000004", "step": 4}]
+        report = Report()
+        _lost_work(Run(s, tmp_path, tmp_path, [], events), report)
+        (c,) = report.checks
+        return c.verdict, c.detail
+
+    assert verdict(8, async_save=False)[0] == "pass"
+    v, detail = verdict(9, async_save=False)
+    assert v == "fail" and detail.endswith("5 step(s) lost, at most 4 allowed")
+    # step 8's save was still writing when step 9 trained; step 12's save would have waited for it
+    assert verdict(11, async_save=True)[0] == "pass"
+    v, detail = verdict(12, async_save=True)
+    assert v == "fail" and detail.endswith("8 step(s) lost, at most 7 allowed")
+
+
 def test_loaded_equals_saved_is_unknown_for_a_mid_step_checkpoint_without_a_gradient_digest(tmp_path):
     from ckpt_chaos.check.checks import Report, Run, _loaded_equals_saved
 

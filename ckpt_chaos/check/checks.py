@@ -767,8 +767,12 @@ def _lost_work(run: Run, report: Report) -> None:
     interval = int(s.trainer.get("ckpt_every_steps", 0) or 0)
     preempted = any(f.spec.notice for f in s.faults)
     limit = s.expect.max_lost_steps
-    if limit is None:
-        limit = 0 if preempted else (interval or None)
+    if limit is None and preempted:
+        limit = 0
+    elif limit is None and interval:
+        # Training goes on while an asynchronous save writes, up to the next save, which waits for it:
+        # a kill just before then loses that interval too, less the step that had not begun.
+        limit = 2 * interval - 1 if s.trainer.get("async_save") else interval
     total = 0
     for launch in run.launches()[1:]:
         point = run.resume_point(launch)
