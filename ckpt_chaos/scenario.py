@@ -109,7 +109,7 @@ AUTO_POINTS = tuple(p for p in dict.fromkeys(p for ps in auto.PATCH_POINTS.value
                     if p not in POINTS) + FAULTFS_POINTS
 # Points whose events carry a path (relative to the run directory), which when.path filters with a glob.
 PATH_POINTS = ("fs.created", *AUTO_POINTS, "ckpt.shard.write", "ckpt.shard.done", "ckpt.stage", "load.begin",
-               "load.end")
+               "load.end", "upload.write")
 
 # kind -> (family, one-line meaning), from the fault registry (ckpt_chaos/faults/). Families become
 # pytest markers, like the kinds themselves.

@@ -74,16 +74,16 @@ def _md5_b64(path: Path) -> str:
 class _ProgressReader:
     """A file object for the request body that reports each tenth of the bytes read to the probe."""
 
-    def __init__(self, f, name: str, file: str, size: int):
-        self._f, self._name, self._file, self._size = f, name, file, max(size, 1)
+    def __init__(self, f, name: str, path: Path, size: int):
+        self._f, self._name, self._path, self._size = f, name, path, max(size, 1)
         self._read, self._next_tenth = 0, 1
 
     def read(self, n: int = -1) -> bytes:
         data = self._f.read(n)
         self._read += len(data)
         while self._next_tenth <= 10 and self._read * 10 >= self._size * self._next_tenth:
-            probe.point("upload.write", name=self._name, file=self._file, bytes=self._read,
-                        fraction=self._next_tenth / 10)
+            probe.point("upload.write", name=self._name, file=self._path.name, path=str(self._path),
+                        bytes=self._read, fraction=self._next_tenth / 10)
             self._next_tenth += 1
         return data
 
@@ -135,7 +135,7 @@ class RemoteStore:
         size = path.stat().st_size
         with open(path, "rb") as f:
             self.s3.put_object(Bucket=self.bucket, Key=self.key(name, path.name),
-                               Body=_ProgressReader(f, name, path.name, size), ContentLength=size,
+                               Body=_ProgressReader(f, name, path, size), ContentLength=size,
                                ContentMD5=_md5_b64(path), Metadata={"checksum": checksum})
         probe.point("upload.object", name=name, file=path.name, bytes=size)
 

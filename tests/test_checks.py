@@ -219,6 +219,28 @@ def test_lost_work_allows_the_interval_an_async_save_was_still_writing_and_no_mo
     assert v == "fail" and detail.endswith("8 step(s) lost, at most 7 allowed")
 
 
+def test_restored_durable_fails_a_restore_that_misreports_the_bytes_it_fetched(tmp_path):
+    from ckpt_chaos.check.checks import Report, Run, _remote_tier
+    from ckpt_chaos.scenario import Remote, Scenario
+
+    def verdict(reported) -> tuple[str, str]:
+        remote = {"checkpoints": {"step_00000004": None}, "partial": [], "newest_durable": "step_00000004",
+                  "bytes": {"step_00000004": 1850784}}
+        records = [Exited(t=6.0, launch=0, rc=1, snapshot=SNAPSHOT, remote=remote)]
+        events = [{"event": "fresh_start", "attempt": 0},
+                  {"event": "restored_from_remote", "attempt": 1, "name": "step_00000004", "bytes": reported}]
+        report = Report()
+        _remote_tier(Run(Scenario(name="x", remote=Remote()), tmp_path, tmp_path, records, events), report)
+        (c,) = [c for c in report.checks if c.name.startswith("restored_durable")]
+        return c.verdict, c.detail
+
+    assert verdict(1850784) == ("pass", "launch 1 restored step_00000004, complete on the remote tier "
+                                        "(1850784 bytes, as the trainer reported)")
+    v, detail = verdict(1850783)
+    assert v == "fail" and detail.endswith("1850784 bytes of objects besides its manifest, but the trainer reported "
+                                           "1850783 bytes fetched")
+
+
 def test_loaded_equals_saved_is_unknown_for_a_mid_step_checkpoint_without_a_gradient_digest(tmp_path):
     from ckpt_chaos.check.checks import Report, Run, _loaded_equals_saved
 

@@ -684,11 +684,17 @@ def _remote_tier(run: Run, report: Report) -> None:
                    + ": the uploader marked it durable before every object was complete" + _blame(run, t))
     for launch in run.launches()[1:]:
         before = run.exit_of(launch - 1)
+        remote = (before.remote if before else None) or {}
         for e in run.trainer("restored_from_remote", launch):
-            reason = ((before.remote if before else None) or {}).get("checkpoints", {}).get(e["name"], "not durable")
+            reason = remote.get("checkpoints", {}).get(e["name"], "not durable")
+            size = remote.get("bytes", {}).get(e["name"])
+            if reason is None and size is not None and e.get("bytes") != size:
+                reason = (f"complete, {size} bytes of objects besides its manifest, but the trainer reported "
+                          f"{e.get('bytes')!r} bytes fetched")
+            said = f" ({size} bytes, as the trainer reported)" if size is not None else ""
             report.add("restored_durable", reason is None, at=launch, detail=
-                       f"launch {launch} restored {e['name']}, complete on the remote tier" if reason is None else
-                       f"launch {launch} restored {e['name']} from the remote tier, which was {reason}")
+                       f"launch {launch} restored {e['name']}, complete on the remote tier{said}" if reason is None
+                       else f"launch {launch} restored {e['name']} from the remote tier, which was {reason}")
     exits = run.records(Exited)
     if exits and exits[-1].rc == 0 and run.trainer("finished") and exits[-1].remote is not None:
         local, remote = exits[-1].snapshot["newest_valid"], exits[-1].remote["newest_durable"]

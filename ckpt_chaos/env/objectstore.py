@@ -141,7 +141,8 @@ class S3Server:
 def snapshot(endpoint: str, url: str) -> dict:
     """The remote tier under ``url`` right now, checked by the harness: ``checkpoints`` maps each
     durable checkpoint to why it is not complete (None: every object matches its manifest),
-    ``partial`` lists names with objects but no manifest (uploads that never became durable)."""
+    ``partial`` lists names with objects but no manifest (uploads that never became durable),
+    ``bytes`` the size of each durable checkpoint's objects other than its manifest."""
     from ckpt_chaos.probe.layout import MANIFEST, parse_name
 
     bucket, _, prefix = url[len("s3://"):].partition("/")
@@ -163,7 +164,8 @@ def snapshot(endpoint: str, url: str) -> dict:
     complete = [n for n in order if checkpoints[n] is None]
     return {"checkpoints": {n: checkpoints[n] for n in order},
             "partial": sorted(n for n, f in objects.items() if MANIFEST not in f),
-            "newest_durable": complete[0] if complete else None}
+            "newest_durable": complete[0] if complete else None,
+            "bytes": {n: sum(size for f, size in objects[n].items() if f != MANIFEST) for n in order}}
 
 
 def _problem(client, bucket: str, key_prefix: str, sizes: dict[str, int]) -> str | None:

@@ -9,8 +9,8 @@ class _PercentReader(remote._ProgressReader):
         data = self._f.read(n)
         self._read += len(data)
         while self._next_tenth <= 10 and self._read * 10 >= self._size * self._next_tenth:
-            remote.probe.point("upload.write", name=self._name, file=self._file, bytes=self._read,
-                               fraction=self._next_tenth * 10)
+            remote.probe.point("upload.write", name=self._name, file=self._path.name, path=str(self._path),
+                               bytes=self._read, fraction=self._next_tenth * 10)
             self._next_tenth += 1
         return data
 
