@@ -369,6 +369,7 @@ class Uploader:
         try:
             path, manifest = self.stage(name)
         except (OSError, ValueError) as e:
+            shutil.rmtree(self.root / (UPLOAD_PREFIX + name), ignore_errors=True)  # what was staged
             self.log("upload_abandoned", name=name, reason=f"local copy gone or unreadable: {e}")
             return False
         try:

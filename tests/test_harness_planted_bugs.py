@@ -382,3 +382,11 @@ def test_an_async_save_whose_copy_went_untimed_is_caught(tmp_path, golden_root):
     assert list(bad) == ["reported_timings"], bad
     assert "no stage_s among its phases, which every asynchronous save of the golden run reported" in (
         bad["reported_timings"])
+
+
+def test_an_uploader_that_stages_by_hard_links_only_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/upload-read-eio-on-a-staged-copy.toml",
+            "tests.planted.staging_needs_hard_links")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "final_durable" in bad and "lost_work@1" in bad and "resumed at step 0" in bad["lost_work@1"], bad

@@ -299,9 +299,14 @@ def setups_of(s: Scenario) -> set[str]:
         out.add("unprobed trainer")
     if s.remote is not None:
         out.add("remote tier")
-        # local damage before the upload: the uploader's check of its objects must keep it off the remote tier
         if "storage" in s.families:
             out.add("storage faults with a remote tier")
+        # local damage before the upload: the uploader's check of its objects must keep it off the remote tier
+        if any(f.kind == "corrupt" for f in s.faults):
+            out.add("a checkpoint damaged locally with a remote tier")
+        # faultfs has no hard links (link() answers EROFS): the uploader stages its copies by copying
+        if s.storage_spec().faultfs:
+            out.add("a remote tier on a file system without hard links")
         # a SIGTERM leaves the uploads what is left of its grace period, not upload_drain_s
         if any(f.kind == "term" for f in s.faults):
             out.add("SIGTERM with a remote tier")

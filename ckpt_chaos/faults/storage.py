@@ -29,8 +29,9 @@ STRAY_BYTES = 4096  # what `append` adds: a page, as a stray writer would
 # Corruptions that edit what a manifest says (a bad copy, a tool rewriting it, a directory renamed
 # by hand) instead of damaging bytes: the manifest stays readable JSON, with its sizes and checksums.
 MANIFEST_EDITS = ("wrong_format", "wrong_step", "unlist_metadata")
-# Trainer events that report a storage failure.
-SURFACED = ("save_failed", "ckpt_rejected", "load_failed")
+# Trainer events that report a storage failure: the ranks' and the uploader's (a staged copy that
+# fails to read, or to be made).
+SURFACED = ("save_failed", "ckpt_rejected", "load_failed", "upload_retry", "upload_failed", "upload_abandoned")
 
 
 @dataclass
@@ -328,8 +329,8 @@ def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) 
                    f": the process whose call failed did nothing more before fault {later[0].index} "
                    f"({later[0].fault}) ended the launch, so it had no chance to report it"
                    if later else "") if ok else
-               f"{what} made the trainer's I/O fail, but it reported no failure (no save_failed, "
-               "ckpt_rejected or load_failed event) and kept going: an error was swallowed")
+               f"{what} made the trainer's I/O fail, but it reported no failure (no {', '.join(SURFACED[:-1])} "
+               f"or {SURFACED[-1]} event) and kept going: an error was swallowed")
 
 
 def _errno_effect(run: Run, h: FaultFired, report: Report) -> None:
