@@ -159,6 +159,27 @@ def test_reported_timings_fail_a_phase_longer_than_its_save_and_pass_measurement
     assert v == "fail" and "phases.commit_s = -0.01 is not a duration" in detail
 
 
+def test_reported_timings_fail_a_stop_whose_save_outlasted_the_time_since_its_signal(tmp_path):
+    from ckpt_chaos.check.checks import Report, Run, _reported_timings
+    from ckpt_chaos.check.history import LaunchStarted
+
+    def verdict(save_s: float, since_signal_s: float) -> tuple[str, str]:
+        events = [{"event": "stopped", "reason": "preempt", "step": 5, "t": 1000.0, "save_s": save_s,
+                   "since_signal_s": since_signal_s}]
+        run = Run(None, tmp_path, tmp_path, [LaunchStarted(t=990.0, launch=0, world_size=2, pid=1, mode="harness")],
+                  events)
+        report = Report()
+        _reported_timings(run, report)
+        (c,) = report.checks
+        return c.verdict, c.detail
+
+    assert verdict(0.587, 0.601)[0] == "pass"
+    assert verdict(0.0, 2.35)[0] == "pass"  # nothing left to save: the checkpoint of this step was there
+    v, detail = verdict(1.0, 0.646)
+    assert v == "fail" and detail == ("stopped at step 5: save_s = 1s, longer than since_signal_s = 0.646s, though the "
+                                      "stop began after the signal")
+
+
 def test_reported_timings_fail_a_save_without_a_phase_every_golden_save_of_its_kind_reported(tmp_path):
     from ckpt_chaos.check.checks import Report, Run, _reported_timings
     from ckpt_chaos.scenario import Recovery, Scenario

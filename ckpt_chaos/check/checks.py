@@ -918,8 +918,9 @@ def _missing_phases(run: Run) -> list[str]:
 
 def _reported_timings(run: Run, report: Report) -> None:
     """Each duration the trainer reports is a measurement: a finite number of seconds, no longer than
-    the run had lasted when it was reported, and a save's stall and phases within its total; and each
-    save reports the phases that every save of its kind reported in the golden run."""
+    the run had lasted when it was reported, a save's stall and phases within its total, and a stop's
+    save within the time since its signal; and each save reports the phases that every save of its
+    kind reported in the golden run."""
     starts = [h.t for h in run.records(LaunchStarted)]
     begun = min(starts, default=None)
     durations = []  # (what, field, value, when reported)
@@ -946,6 +947,12 @@ def _reported_timings(run: Run, report: Report) -> None:
                 and v > total + PHASE_SLACK_S]
         if over:
             bad.append(f"saved {e.get('name')}: {', '.join(over)}, longer than the save's total_s = {total:.4g}s")
+    for e in run.trainer("stopped"):
+        # a stop begins at the signal or after it, so its save fits in the time since the signal
+        save, since = e.get("save_s"), e.get("since_signal_s")
+        if isinstance(save, (int, float)) and isinstance(since, (int, float)) and save > since + PHASE_SLACK_S:
+            bad.append(f"stopped at step {e.get('step')}: save_s = {save:.4g}s, longer than since_signal_s = "
+                       f"{since:.4g}s, though the stop began after the signal")
     bad += _missing_phases(run)
     report.add("reported_timings", not bad, _first_few(bad)
                if bad else f"{len(durations)} durations the trainer reported are measurements: none negative, none "
