@@ -137,19 +137,23 @@ def test_dcp_metadata_is_read_without_torch_as_dcp_reads_it(tmp_path):
     assert "has 100 bytes" in out[0] and out[1] == "False"
 
 
-def test_reported_timings_fail_a_phase_longer_than_its_save_and_pass_measurements(tmp_path):
+def _timings_verdict(tmp_path, events: list[dict]) -> tuple[str, str]:
+    """reported_timings of a run that started at t=990 and reported ``events``."""
     from ckpt_chaos.check.checks import Report, Run, _reported_timings
     from ckpt_chaos.check.history import LaunchStarted
 
+    run = Run(None, tmp_path, tmp_path, [LaunchStarted(t=990.0, launch=0, world_size=2, pid=1, mode="harness")],
+              events)
+    report = Report()
+    _reported_timings(run, report)
+    (c,) = report.checks
+    return c.verdict, c.detail
+
+
+def test_reported_timings_fail_a_phase_longer_than_its_save_and_pass_measurements(tmp_path):
     def verdict(phases: dict) -> tuple[str, str]:
-        events = [{"event": "saved", "name": "step_00000004", "t": 1000.0, "stall_s": 0.1, "total_s": 0.5,
-                   "phases": phases}]
-        run = Run(None, tmp_path, tmp_path, [LaunchStarted(t=990.0, launch=0, world_size=2, pid=1, mode="harness")],
-                  events)
-        report = Report()
-        _reported_timings(run, report)
-        (c,) = report.checks
-        return c.verdict, c.detail
+        return _timings_verdict(tmp_path, [{"event": "saved", "name": "step_00000004", "t": 1000.0, "stall_s": 0.1,
+                                            "total_s": 0.5, "phases": phases}])
 
     assert verdict({"commit_s": 0.02, "write_data_s": 0.3})[0] == "pass"
     v, detail = verdict({"commit_s": 0.02, "wait_staged_s": 0.9})
@@ -160,18 +164,9 @@ def test_reported_timings_fail_a_phase_longer_than_its_save_and_pass_measurement
 
 
 def test_reported_timings_fail_a_stop_whose_save_outlasted_the_time_since_its_signal(tmp_path):
-    from ckpt_chaos.check.checks import Report, Run, _reported_timings
-    from ckpt_chaos.check.history import LaunchStarted
-
     def verdict(save_s: float, since_signal_s: float) -> tuple[str, str]:
-        events = [{"event": "stopped", "reason": "preempt", "step": 5, "t": 1000.0, "save_s": save_s,
-                   "since_signal_s": since_signal_s}]
-        run = Run(None, tmp_path, tmp_path, [LaunchStarted(t=990.0, launch=0, world_size=2, pid=1, mode="harness")],
-                  events)
-        report = Report()
-        _reported_timings(run, report)
-        (c,) = report.checks
-        return c.verdict, c.detail
+        return _timings_verdict(tmp_path, [{"event": "stopped", "reason": "preempt", "step": 5, "t": 1000.0,
+                                            "save_s": save_s, "since_signal_s": since_signal_s}])
 
     assert verdict(0.587, 0.601)[0] == "pass"
     assert verdict(0.0, 2.35)[0] == "pass"  # nothing left to save: the checkpoint of this step was there
