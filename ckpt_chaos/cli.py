@@ -1,7 +1,9 @@
 """The ``ckpt-chaos`` command line.
 
-Scenarios are found by name in the folders given with ``--scenarios``, the project's folders
-(``[tool.ckpt-chaos] scenarios`` in its ``pyproject.toml``) and the built-in catalogue; runs and
+``list`` and ``run`` take the scenarios of the folders given with ``--scenarios``, else of the
+project's folders (``[tool.ckpt-chaos] scenarios`` in its ``pyproject.toml``); the built-in catalogue
+only with ``--builtin`` (or ``builtin = true``), or where there is no such folder. A scenario named on
+the command line is also found in the project's folders and the built-in catalogue. Runs and
 reports go under the output directory (``ckpt_chaos.config``). Human output goes to stderr when
 ``--json`` puts the machine-readable one on stdout.
 """
@@ -53,9 +55,11 @@ environment:
 
 project settings, in its pyproject.toml:
   [tool.ckpt-chaos]
-  scenarios = ["chaos/scenarios"]  # the project's scenario folders
+  scenarios = ["chaos/scenarios"]  # the project's scenario folders: what list
+                                   # and run take (--scenarios DIR instead)
   out = "build/chaos"              # the output directory
-  builtin = true                   # also offer the built-in catalogue
+  builtin = false                  # true: take the built-in catalogue too
+                                   # (--builtin)
 """
 
 
@@ -75,16 +79,29 @@ def _project() -> config.ProjectConfig:
         raise UsageError(str(e)) from None
 
 
-def _scenario_dirs(args: argparse.Namespace) -> list[Path]:
+def _given(args: argparse.Namespace) -> list[Path]:
+    """The folders of ``--scenarios``."""
     given = [Path(d) for d in args.scenarios or []]
     for d in given:
         if not d.is_dir():
             raise UsageError(f"--scenarios {d}: not a folder; give a folder of scenario .toml files")
-    dirs: list[Path] = []
-    for d in [*given, *_project().scenario_dirs()]:
-        if d.resolve() not in dirs:
-            dirs.append(d.resolve())
-    return dirs
+    return given
+
+
+def _scenario_dirs(args: argparse.Namespace) -> list[Path]:
+    """The folders ``list`` and ``run`` select from: ``--scenarios``, else the project's; the built-in
+    catalogue only with ``--builtin`` (or ``builtin = true``), or when there is neither."""
+    return _project().scenario_dirs(_given(args), builtin=args.builtin)
+
+
+def _project_selected(args: argparse.Namespace) -> bool:
+    """Folders of a project's (``--scenarios``, ``[tool.ckpt-chaos] scenarios``) are selected."""
+    return bool(_given(args) or _project().scenarios)
+
+
+def _files(d: Path) -> list[Path]:
+    # pyproject.toml is a project's configuration, never a scenario (as for the pytest plugin)
+    return [p for p in sorted(d.rglob("*.toml")) if p.name != "pyproject.toml"]
 
 
 def _catalogue(args: argparse.Namespace) -> dict:
@@ -93,7 +110,7 @@ def _catalogue(args: argparse.Namespace) -> dict:
 
     by_name = {}
     for d in _scenario_dirs(args):
-        for path in sorted(d.rglob("*.toml")):
+        for path in _files(d):
             s = load(path)
             if s.name in by_name:
                 raise UsageError(f"{path}: name: {s.name!r} is also the name of {by_name[s.name].source}; "
@@ -103,9 +120,25 @@ def _catalogue(args: argparse.Namespace) -> dict:
     return by_name
 
 
-def _select(args: argparse.Namespace) -> list:
-    """Scenarios named on the command line (names or files), else the suite's."""
+def _lookup(args: argparse.Namespace, name: str):
+    """A scenario named on the command line that the folders selected lack: the first of that name in the
+    project's folders or the built-in catalogue (naming one asks for it), else None."""
     from ckpt_chaos.scenario import load
+
+    selected = _scenario_dirs(args)
+    for d in _project().lookup_dirs(_given(args), builtin=args.builtin):
+        if d not in selected:
+            for path in _files(d):
+                if (s := load(path)).name == name:
+                    return s
+    return None
+
+
+def _select(args: argparse.Namespace) -> list:
+    """Scenarios named on the command line (names or files), else the suite's: ``--suite S`` from every
+    folder selected; without it, every scenario of the project's folders and, of the built-in catalogue,
+    its ``default`` suite (``run``) or all of it (``list``)."""
+    from ckpt_chaos.scenario import FULL_SUITE, builtin, load
 
     by_name = _catalogue(args)
     if args.scenario:
@@ -115,16 +148,32 @@ def _select(args: argparse.Namespace) -> list:
                 chosen.append(by_name[ref])
             elif Path(ref).is_file():
                 chosen.append(load(ref))
+            elif (found := _lookup(args, ref)) is not None:
+                chosen.append(found)
             else:
                 near = difflib.get_close_matches(ref, list(by_name), n=3)
                 raise UsageError(f"{ref}: no scenario of that name and no such file"
                                  + (f"; did you mean {', '.join(near)}?" if near else "")
-                                 + "; `ckpt-chaos list` shows the names, --scenarios DIR adds a folder")
+                                 + "; `ckpt-chaos list` shows the names, --scenarios DIR selects a folder, "
+                                   "--builtin adds the built-in catalogue")
     else:
-        chosen = [s for s in sorted(by_name.values(), key=lambda s: s.name) if args.suite in s.suites]
+        ordered = sorted(by_name.values(), key=lambda s: s.name)
+        if args.suite is not None:
+            chosen = [s for s in ordered if args.suite in s.suites]
+        else:
+            of_builtin = "default" if args.command == "run" else FULL_SUITE
+            chosen = [s for s in ordered if of_builtin in s.suites or not builtin(s.source)]
     if args.k:
         chosen = [s for s in chosen if args.k in s.name or args.k in s.labels]
     return chosen
+
+
+def _suite_name(args: argparse.Namespace) -> str:
+    """The suite a run reports as (its folder, reports/<suite>): ``custom`` when scenarios are named,
+    else ``--suite``; without it ``project`` where a project's folders are selected, else ``default``."""
+    if args.scenario:
+        return "custom"
+    return args.suite or ("project" if _project_selected(args) else "default")
 
 
 def _json_out(data) -> None:
@@ -157,9 +206,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     chosen = _select(args)
     if not chosen:
-        what = "the scenarios named" if args.scenario else f"suite {args.suite!r}"
+        what = ("the scenarios named" if args.scenario else f"suite {args.suite!r}" if args.suite else
+                "the scenario folders (" + ", ".join(map(str, _scenario_dirs(args))) + ")")
         raise UsageError(f"no scenario selected from {what}{' with -k ' + args.k if args.k else ''}; "
-                         "`ckpt-chaos list --suite SUITE` shows a suite's scenarios")
+                         "`ckpt-chaos list --suite SUITE` shows a suite's scenarios, --scenarios DIR selects a "
+                         "folder, --builtin adds the built-in catalogue")
     if args.junitxml and Path(args.junitxml).is_dir():
         raise UsageError(f"--junitxml {args.junitxml}: is a folder; give a file name such as chaos-junit.xml")
     target = _slurm_target(args)
@@ -185,7 +236,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     golden = Path(args.golden_dir) if args.golden_dir else config.golden_dir()
     console = Console(stderr=args.json)
     plots = {"all": True, "failed": "failed", "none": False}[args.plots] if missing_extra("report") is None else False
-    suite = "custom" if args.scenario else args.suite
+    suite = _suite_name(args)
     out = results.suite_dir(reports, suite)
     console.print(f"ckpt-chaos: {len(chosen)} scenario(s) of suite [bold]{suite}[/], results in {out}")
     if args.coverage:
@@ -619,13 +670,17 @@ def parser() -> argparse.ArgumentParser:
 
     def selection(c: argparse.ArgumentParser, suite: str) -> None:
         c.add_argument("scenario", nargs="*", help="scenario names or files (default: the suite's)")
-        c.add_argument("--suite", default=suite, help=f"suite to take when no scenario is named (default: {suite}; "
-                                                      "full: every scenario)")
+        c.add_argument("--suite", default=None,
+                       help="suite to take when no scenario is named (default: every scenario of the project's "
+                            f"folders, and the built-in catalogue's {suite} suite; full: every scenario)")
         c.add_argument("-k", help="keep scenarios whose name contains this, or that have it as a tag, fault kind "
                                   "or family")
         c.add_argument("--scenarios", action="append", metavar="DIR",
-                       help="also find scenarios in this folder (repeatable); besides the project's "
-                            "[tool.ckpt-chaos] scenarios and the built-in catalogue")
+                       help="take scenarios from this folder (repeatable), instead of the project's "
+                            "[tool.ckpt-chaos] scenarios; the built-in catalogue only with --builtin")
+        c.add_argument("--builtin", action="store_true",
+                       help="take the built-in catalogue too (in a project, or with --scenarios); a built-in "
+                            "scenario named on the command line is found without it")
 
     def json_flag(c: argparse.ArgumentParser) -> None:
         c.add_argument("--json", action="store_true",
@@ -689,8 +744,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("results", help="a suite run directory, e.g. reports/default/latest")
     c.add_argument("--no-plots", action="store_true", help="keep the plots already drawn (no 'report' extra needed)")
     c.add_argument("--browser", action="store_true",
-                   help="open it in headless Chromium and fail on a script error, a plot that does not load or "
-                        "a scenario missing (writes report.png next to it)")
+                   help="open it in headless Chromium and fail on a script error, a plot that does not load, "
+                        "a plot a scenario's run should have and has not (plot-error.txt), or a scenario "
+                        "missing (writes report.png next to it)")
 
     c = command("cadence", "goodput against checkpoint interval (no training)", cmd_cadence)
     c.add_argument("--save-s", type=float, required=True, help="training stall per checkpoint, seconds")

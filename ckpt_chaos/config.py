@@ -10,7 +10,12 @@ A project configures ckpt-chaos in its own ``pyproject.toml``::
     [tool.ckpt-chaos]
     scenarios = ["chaos/scenarios"]   # folders of the project's own scenario files (relative to the file)
     out = "build/chaos"               # where runs and reports go (default: the current directory)
-    builtin = true                    # also offer the built-in catalogue (default: true)
+    builtin = false                   # true: list and run take the built-in catalogue too, as --builtin
+
+``ckpt-chaos list`` and ``run`` take the project's folders only (``--scenarios DIR`` instead, when
+given); the built-in catalogue only with ``--builtin`` or ``builtin = true``, or where no folder of
+the project's is given (outside a project). A scenario named on the command line is also looked up
+in the project's folders and the built-in catalogue (unless ``builtin = false``).
 
 Environment variables: ``CKPT_CHAOS_CACHE`` moves the cache (golden runs, search database);
 ``CKPT_CHAOS_OUT`` sets the output directory when ``--out`` is not given; ``CKPT_CHAOS_GOLDEN_TREE``
@@ -88,11 +93,30 @@ class ProjectConfig:
     file: Path | None = None  # the pyproject.toml it came from
     scenarios: list[Path] = field(default_factory=list)  # the project's own scenario folders
     out: Path | None = None  # where runs and reports go
-    builtin: bool = True  # offer the built-in catalogue too
+    builtin: bool | None = None  # true: select the built-in catalogue too; false: never offer it; unset: neither
 
-    def scenario_dirs(self) -> list[Path]:
-        """Folders to find scenarios in: the project's first, then the built-in catalogue."""
-        return [*self.scenarios, *([builtin_scenarios()] if self.builtin else [])]
+    def scenario_dirs(self, given: list[Path] | None = None, builtin: bool = False) -> list[Path]:
+        """The folders ``list`` and ``run`` select from: ``given`` (``--scenarios``), else the project's;
+        then the built-in catalogue when asked (``builtin``: ``--builtin``; ``builtin = true``), or
+        when there is no such folder and the project does not say ``builtin = false``."""
+        own = list(given or self.scenarios)
+        if builtin or self.builtin is True or (not own and self.builtin is not False):
+            own.append(builtin_scenarios())
+        return _unique(own)
+
+    def lookup_dirs(self, given: list[Path] | None = None, builtin: bool = False) -> list[Path]:
+        """Where a scenario named on the command line is looked for: the folders selected, then the
+        project's own and the built-in catalogue (unless ``builtin = false`` and no ``--builtin``)."""
+        offered = [*self.scenarios, *([builtin_scenarios()] if builtin or self.builtin is not False else [])]
+        return _unique([*self.scenario_dirs(given, builtin), *offered])
+
+
+def _unique(dirs: list[Path]) -> list[Path]:
+    out: list[Path] = []
+    for d in dirs:
+        if Path(d).resolve() not in out:
+            out.append(Path(d).resolve())
+    return out
 
 
 def find_pyproject(start: Path | None = None) -> Path | None:
@@ -136,9 +160,10 @@ def project_config(start: Path | None = None) -> ProjectConfig:
     out = table.get("out")
     if out is not None and not isinstance(out, str):
         raise ConfigError(f"{path}: {key}.out: expected a path string; e.g. out = \"build/chaos\"")
-    builtin = table.get("builtin", True)
-    if not isinstance(builtin, bool):
-        raise ConfigError(f"{path}: {key}.builtin: expected true or false")
+    builtin = table.get("builtin")
+    if builtin is not None and not isinstance(builtin, bool):
+        raise ConfigError(f"{path}: {key}.builtin: expected true or false, found {builtin!r}; true: list and run "
+                          "take the built-in catalogue besides the project's scenarios (as --builtin)")
     return ProjectConfig(file=path, scenarios=dirs, out=(path.parent / out).resolve() if out else None,
                          builtin=builtin)
 

@@ -17,6 +17,11 @@ of the harness. It is active with either
       chaos_scenarios = ["chaos/scenarios"]
       testpaths = ["tests", "chaos/scenarios"]
 
+As ``ckpt-chaos list`` and ``run`` in a project take its own folders only (``--builtin`` adds the
+built-in catalogue), the plugin collects the built-in catalogue only when its folder is named
+(``pytest --chaos ckpt_chaos/scenarios``). Scenario files load as for the CLI (``scenario.load``), so a
+project's file without ``suites`` is in ``full`` only there too.
+
 Each item carries markers for its fault families (``process``, ``storage``, ``node``, ``network``, ``scheduler``),
 its fault kinds (``kill``, ``partition``, ...), its backend (``docker``, ``netns``), ``topology`` when
 it resumes at another world size, and its tags (``-`` becomes ``_``): ``-m "kill and mid_write"``.

@@ -7,7 +7,8 @@ Python (``Scenario(...)``, ``Scenario.to_toml()``), so scenarios can also be gen
 
     description = "rank 1 is SIGKILLed half-way through writing its shard of the 2nd checkpoint"
     tags = ["mid-write"]            # free-form; each becomes a pytest marker
-    suites = ["default"]            # suites besides "full", which holds every scenario (default: ["default"])
+    suites = ["default"]            # suites besides "full", which holds every scenario (default: ["default"]
+                                    # in the built-in catalogue, [] in a project's folder)
     world_size = 2                  # ranks of the first launch
     trainer_module = "reference_trainer"   # python -m MODULE under torchrun
     probe = true                    # false: no controller; only external points (fs.created) trigger
@@ -252,7 +253,10 @@ class Command:
     ckpt_dir: str = "checkpoints"  # where it writes checkpoints, relative to the run directory
     watch: list[str] = field(default_factory=list)  # more folders its checkpoints pass through (a staging /tmp)
     key: list[str] = field(default_factory=list)  # globs (from the working directory) of files that key the golden run
-    complete: str = "*"  # glob in ckpt_dir: what the trainer itself counts as a complete checkpoint
+    # What the trainer itself counts as complete: a glob in ckpt_dir ("step_*"), or the one checkpoint a
+    # pointer file names: { pointer = "latest" } (its content, a path in ckpt_dir: DeepSpeed), with
+    # format = "iter_{:07d}" when the content is a number formatted into the folder's name (Megatron).
+    complete: str | dict[str, Any] = "*"
     env: dict[str, Any] = field(default_factory=dict)  # variables set for it (placeholders too): TMPDIR = "{run_dir}/tmp"
     save_every: int | None = None  # steps between its checkpoints: the bound on lost work
     digest_every: int = 0  # steps between digests of the model and optimizer state (0: around saves and at exit)
@@ -663,12 +667,62 @@ def _check_command(s: Scenario) -> None:
                      f"not {c.ckpt_dir!r}", "use ckpt_dir = \"checkpoints\"")
     if c.save_every is not None and c.save_every < 1:
         raise _error(src, "command.save_every", f"{c.save_every}", "use the trainer's checkpoint interval in steps")
+    _check_complete(src, c.complete)
     armed = auto.armed_points(auto.PATCH_POINTS)
     for i, f in enumerate(s.faults):
         if not f.when.external and f.when.point not in armed and f.when.point not in FAULTFS_POINTS:
             raise _error(src, f"faults[{i}].when.point", f"the automatic probe layer never fires {f.when.point!r}",
                          f"use one of {', '.join(sorted(armed))} (or an external point: "
                          f"{', '.join(EXTERNAL_POINTS)})")
+
+
+COMPLETE_KEYS = ("pointer", "format")  # command.complete as a table: the checkpoint a pointer file names
+
+
+def _in_folder(path: str) -> bool:
+    """A relative path that stays inside the folder it is relative to."""
+    p = Path(path)
+    return bool(path.strip("./ ")) and not p.is_absolute() and ".." not in p.parts
+
+
+def _check_complete(src: str, complete: str | dict[str, Any]) -> None:
+    """``command.complete``: a glob in ckpt_dir, or ``{ pointer = FILE }`` with an optional ``format``
+    (a str.format template with one field, for the number the file holds)."""
+    key = "command.complete"
+    pointer_example = 'complete = { pointer = "latest" }'
+    if isinstance(complete, str):
+        if not _in_folder(complete):
+            raise _error(src, key, f"{complete!r} is not a glob inside ckpt_dir", "give one, e.g. complete = "
+                         f"\"step_*\", or the file that names the newest checkpoint: {pointer_example}")
+        return
+    unknown = [k for k in complete if k not in COMPLETE_KEYS]
+    if unknown:
+        raise _error(src, f"{key}.{unknown[0]}", "unknown key", f"allowed keys: {', '.join(COMPLETE_KEYS)}, e.g. "
+                     "complete = { pointer = \"latest_checkpointed_iteration.txt\", format = \"iter_{:07d}\" }")
+    pointer = complete.get("pointer")
+    if pointer is None:
+        raise _error(src, f"{key}.pointer", "missing", f"name the file in ckpt_dir whose content names the "
+                     f"checkpoint the trainer resumes from, e.g. {pointer_example}")
+    if not isinstance(pointer, str) or not _in_folder(pointer) or any(ch in pointer for ch in "*?["):
+        raise _error(src, f"{key}.pointer", f"{pointer!r} is not one file inside ckpt_dir",
+                     f"name a file, relative to ckpt_dir and without wildcards, e.g. {pointer_example}")
+    if "format" not in complete:
+        return
+    fmt = complete["format"]
+    fix = ("write a template with one {} field for the number the pointer holds, e.g. format = \"iter_{:07d}\" "
+           "(8 -> iter_0000008); leave format out when the pointer holds the checkpoint's name itself")
+    if not isinstance(fmt, str):
+        raise _error(src, f"{key}.format", f"wrong type {type(fmt).__name__} ({fmt!r})", fix)
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(fmt) if name is not None]
+        example = fmt.format(8) if names == [""] or names == ["0"] else None
+    except (ValueError, IndexError, KeyError) as e:
+        raise _error(src, f"{key}.format", f"{fmt!r}: {e}", fix) from None
+    if example is None:
+        raise _error(src, f"{key}.format", f"{fmt!r} has {len(names)} replacement field(s), "
+                     f"{', '.join('{' + n + '}' for n in names) or 'none'}", fix)
+    if not _in_folder(example):
+        raise _error(src, f"{key}.format", f"{fmt!r} makes {example!r}, which is not inside ckpt_dir", fix)
 
 
 def _check_cluster(s: Scenario) -> None:
@@ -694,7 +748,16 @@ def _check_cluster(s: Scenario) -> None:
                      "use probe = true, or backend = \"local\" for an unprobed trainer")
 
 
+def builtin(path: str | Path) -> bool:
+    """The file is part of the built-in catalogue (``ckpt_chaos/scenarios/``)."""
+    from ckpt_chaos.config import builtin_scenarios
+
+    return Path(path).resolve().is_relative_to(builtin_scenarios())
+
+
 def load(path: str | Path) -> Scenario:
+    """The scenario in a file. A built-in file without ``suites`` is in ``default`` (CI's suite); any
+    other file without it (a project's) is in ``full`` only, never in the built-in ``default``."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -702,6 +765,8 @@ def load(path: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: not valid TOML: {e}; fix the syntax") from None
     except OSError as e:
         raise ScenarioError(f"{path}: cannot read: {e.strerror}") from None
+    if "suites" not in data and not builtin(path):
+        data = {**data, "suites": []}
     return from_dict(data, str(path), path.stem)
 
 

@@ -66,7 +66,7 @@ def test_a_name_in_two_scenario_folders_is_an_error_naming_both_files(tmp_path):
     mine.mkdir()
     (mine / "kill-rank1-mid-shard-write.toml").write_text(QUICK.format(module="reference_trainer", known=""))
     (tmp_path / "pyproject.toml").write_text('[tool.ckpt-chaos]\nscenarios = ["mine"]\n')
-    out = cli("list", cwd=tmp_path)
+    out = cli("list", "--builtin", cwd=tmp_path)  # the project's folder and the built-in catalogue, both taken
     assert out.returncode == 2
     assert str(mine / "kill-rank1-mid-shard-write.toml") in out.stderr
     assert str(ROOT / "ckpt_chaos" / "scenarios" / "process" / "kill-rank1-mid-shard-write.toml") in out.stderr

@@ -111,6 +111,9 @@ class Exited(Record):
     grace_expired: list[float] = field(default_factory=list)  # a preemption's grace ran out at these times
     remote: dict | None = None  # the remote tier's snapshot
     complete: dict | None = None  # a [command] trainer: what it counts as complete checkpoints, path -> size, mtime_ns
+    # a [command] trainer whose complete is a pointer file: what it named (run.command.pointer: file, content,
+    # checkpoint, problem); a problem (missing, empty, garbled, dangling) is why nothing was complete
+    pointer: dict | None = None
     slurm: dict | None = None  # the slurm backend: the job's JobState, Reason, ExitCode, Restarts as the run ended
 
 

@@ -111,16 +111,68 @@ def plan(s: Scenario, golden: Path, run_dir: Path) -> Path:
 
 def complete(s: Scenario, run_dir: Path) -> dict[str, dict]:
     """The checkpoints the trainer itself would count as complete (``command.complete`` in its folder):
-    path relative to the run directory -> size and modification time."""
+    path relative to the run directory -> size and modification time. With a pointer file
+    (``complete = { pointer = ... }``), the one checkpoint it names, its entry carrying ``via``: the
+    pointer's path relative to the run directory; nothing when the pointer is missing, empty, garbled or
+    names nothing that exists (``pointer()`` says which)."""
+    ptr = pointer(s, run_dir)
+    if ptr is None:
+        found = sorted((run_dir / s.command.ckpt_dir).glob(s.command.complete))
+    else:
+        found = [run_dir / ptr["checkpoint"]] if ptr["checkpoint"] else []
     out = {}
-    for p in sorted((run_dir / s.command.ckpt_dir).glob(s.command.complete)):
+    for p in found:
         try:
             st = p.stat()
             size = st.st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
         except OSError:
             continue  # removed while we looked
-        out[str(p.relative_to(run_dir))] = {"size": size, "mtime_ns": st.st_mtime_ns}
+        out[str(p.relative_to(run_dir))] = {"size": size, "mtime_ns": st.st_mtime_ns,
+                                            **({"via": ptr["file"]} if ptr else {})}
     return out
+
+
+def pointer(s: Scenario, run_dir: Path) -> dict | None:
+    """What the pointer file of ``command.complete = { pointer = FILE, format = ... }`` names now; None
+    when ``complete`` is a glob. ``file``: the pointer, relative to the run directory; ``content``: its
+    stripped text (None when it cannot be read; at most 200 characters); ``checkpoint``: the path it
+    names, relative to the run directory, when that exists, else None; ``problem``: why it names no
+    checkpoint (missing, empty, garbled, not a number for ``format``, outside the checkpoint folder,
+    dangling), else None."""
+    spec = s.command.complete
+    if not isinstance(spec, dict):
+        return None
+    root = Path(os.path.normpath(run_dir))
+    folder = Path(os.path.normpath(root / s.command.ckpt_dir))
+    file = Path(os.path.normpath(folder / spec["pointer"]))  # inside the folder: the loader checks it
+    rel = str(file.relative_to(root))
+    out: dict = {"file": rel, "content": None, "checkpoint": None, "problem": None}
+    try:
+        raw = file.read_bytes()[:4096]
+    except FileNotFoundError:
+        return {**out, "problem": f"{rel} does not exist"}
+    except OSError as e:
+        return {**out, "problem": f"{rel} cannot be read: {e.strerror or e}"}
+    text = raw.decode("utf-8", "replace").strip()
+    out["content"] = text[:200]
+    fmt = spec.get("format")
+    if not text:
+        return {**out, "problem": f"{rel} is empty"}
+    if "\ufffd" in text or any(ord(ch) < 32 for ch in text):
+        return {**out, "problem": f"{rel} is garbled: it holds {text[:60]!r}, not one name"}
+    if fmt is not None:
+        if not text.isascii() or not text.isdigit():
+            return {**out, "problem": f"{rel} holds {text[:60]!r}, not the number format {fmt!r} takes"}
+        name = fmt.format(int(text))
+    else:
+        name = text
+    target = Path(os.path.normpath(folder / name))
+    if target == folder or not target.is_relative_to(folder):
+        return {**out, "problem": f"{rel} names {name!r}, which is not inside the checkpoint folder "
+                                  f"{s.command.ckpt_dir}"}
+    if not target.exists():
+        return {**out, "problem": f"{rel} names {name!r}, which does not exist (a dangling pointer)"}
+    return {**out, "checkpoint": str(target.relative_to(root))}
 
 
 def _key_files(s: Scenario, root: Path | None = None) -> list[Path]:
