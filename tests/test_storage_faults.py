@@ -66,6 +66,115 @@ def test_power_loss_keeps_exactly_what_was_made_durable(tmp_path):
     assert not (tmp_path / ".storage").exists()
 
 
+def _fsync_dir(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _written(path, data: bytes, fsync: bool = False) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+
+
+@needs_faultfs
+@pytest.mark.parametrize("mode", ["undo", "entries-kept"])
+def test_power_loss_of_a_file_written_and_renamed_without_fsync(tmp_path, mode):
+    """Neither the data nor the folder fsynced: undo brings the old name back and empties it; entries-kept
+    leaves the file under its new name, empty (ext4's zero-length file after a crash)."""
+    with Storage(tmp_path, StorageSpec(fs="tmpfs", size_mb=16, faultfs=True, lazy=True)) as st:
+        m = st.ckpt
+        _written(m / "step_8.pt.tmp", b"x" * 5000)
+        os.rename(m / "step_8.pt.tmp", m / "step_8.pt")
+        lost = st.client.call("crash", mode=mode)
+        assert lost["mode"] == mode
+        # the data is lost in both modes, named where the file was at the crash
+        assert lost["data_lost"] == [{"path": "step_8.pt", "size_before": 5000, "size_after": 0,
+                                      "ever_fsynced": False}]
+        if mode == "undo":
+            assert os.listdir(m) == []  # the rename is undone, then the create
+            assert lost["entries_undone"] == [
+                {"op": "rename", "path": "step_8.pt", "src": "step_8.pt.tmp", "folder_ever_fsynced": False},
+                {"op": "create", "path": "step_8.pt.tmp", "folder_ever_fsynced": False}]
+            assert lost["entries_kept"] == []
+            assert lost["undone"] == ["rename step_8.pt.tmp -> step_8.pt", "create step_8.pt.tmp"]
+        else:
+            assert os.listdir(m) == ["step_8.pt"] and (m / "step_8.pt").stat().st_size == 0
+            assert lost["entries_undone"] == [] and lost["undone"] == []
+            assert lost["entries_kept"] == [
+                {"op": "create", "path": "step_8.pt.tmp", "folder_ever_fsynced": False},
+                {"op": "rename", "path": "step_8.pt", "src": "step_8.pt.tmp", "folder_ever_fsynced": False}]
+        assert lost["truncated"] == ["step_8.pt"] and lost["restored"] == []
+        # nothing pending is left: a second crash loses nothing more
+        again = st.client.call("crash", mode=mode)
+        assert again["data_lost"] == again["entries_undone"] == again["entries_kept"] == []
+
+
+@needs_faultfs
+@pytest.mark.parametrize("mode", ["undo", "entries-kept"])
+def test_power_loss_of_a_file_fsynced_then_appended_keeps_the_fsynced_prefix(tmp_path, mode):
+    with Storage(tmp_path, StorageSpec(fs="tmpfs", size_mb=16, faultfs=True, lazy=True)) as st:
+        m = st.ckpt
+        _written(m / "log.bin", b"a" * 1000, fsync=True)
+        _fsync_dir(m)  # its name is durable too
+        with open(m / "log.bin", "ab") as f:
+            f.write(b"b" * 234)
+        lost = st.client.call("crash", mode=mode)
+        assert (m / "log.bin").read_bytes() == b"a" * 1000  # short: only the fsynced prefix
+        assert lost["data_lost"] == [{"path": "log.bin", "size_before": 1234, "size_after": 1000,
+                                      "ever_fsynced": True}]
+        assert lost["restored"] == ["log.bin"] and lost["entries_undone"] == lost["entries_kept"] == []
+
+
+@needs_faultfs
+@pytest.mark.parametrize("mode", ["undo", "entries-kept"])
+def test_power_loss_in_a_folder_never_fsynced(tmp_path, mode):
+    """Files fsynced in a folder that was never fsynced (nor its parent after the mkdir): undo takes the
+    folder away with them; entries-kept keeps the folder and the files with their fsynced data, and
+    the removal of an old file stays done."""
+    with Storage(tmp_path, StorageSpec(fs="tmpfs", size_mb=16, faultfs=True, lazy=True)) as st:
+        m = st.ckpt
+        _written(m / "old.pt", b"o" * 10, fsync=True)
+        _fsync_dir(m)  # old.pt is durable, the root folder has been fsynced once
+        os.mkdir(m / "step_4")
+        _written(m / "step_4" / "model.pt", b"m" * 300, fsync=True)
+        _written(m / "step_4" / "optim.pt", b"p" * 200)  # never fsynced
+        os.unlink(m / "old.pt")
+        lost = st.client.call("crash", mode=mode)
+        assert lost["data_lost"] == [{"path": "step_4/optim.pt", "size_before": 200, "size_after": 0,
+                                      "ever_fsynced": False}]
+        if mode == "undo":
+            assert sorted(os.listdir(m)) == ["old.pt"] and (m / "old.pt").read_bytes() == b"o" * 10
+            assert [(e["op"], e["path"], e["folder_ever_fsynced"]) for e in lost["entries_undone"]] == [
+                ("unlink", "old.pt", True), ("create", "step_4/optim.pt", False),
+                ("create", "step_4/model.pt", False), ("mkdir", "step_4", True)]
+        else:
+            assert sorted(os.listdir(m)) == ["step_4"]
+            assert (m / "step_4" / "model.pt").read_bytes() == b"m" * 300
+            assert (m / "step_4" / "optim.pt").stat().st_size == 0
+            assert [(e["op"], e["path"], e["folder_ever_fsynced"]) for e in lost["entries_kept"]] == [
+                ("mkdir", "step_4", True), ("create", "step_4/model.pt", False),
+                ("create", "step_4/optim.pt", False), ("unlink", "old.pt", True)]
+            assert lost["entries_undone"] == []
+        assert not os.listdir(tmp_path / ".storage" / "fs" / ".faultfs")  # nothing kept aside any more
+
+
+@needs_faultfs
+def test_an_unknown_power_loss_mode_is_refused_and_loses_nothing(tmp_path):
+    from ckpt_chaos.env.storage import StorageError
+
+    with Storage(tmp_path, StorageSpec(fs="tmpfs", size_mb=16, faultfs=True, lazy=True)) as st:
+        _written(st.ckpt / "f", b"x")
+        with pytest.raises(StorageError, match="unknown power-loss mode 'keep'; allowed: undo, entries-kept"):
+            st.client.call("crash", mode="keep")
+        assert (st.ckpt / "f").read_bytes() == b"x"
+
+
 @needs_faultfs
 def test_errno_rule_fails_the_nth_matching_call_only(tmp_path):
     with Storage(tmp_path, StorageSpec(fs="host", faultfs=True)) as st:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckpt_chaos.check.history import Healed
-from ckpt_chaos.env.storage import missing
-from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams
+from ckpt_chaos.env.storage import POWER_LOSS_MODES, missing
+from ckpt_chaos.faults import FaultKind, Invalid, Nemesis
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.checks import Report, Run
@@ -58,6 +58,18 @@ class SlowParams:
     path: str = "*"  # glob over paths inside the checkpoint directory
     latency_ms: float = 0.0  # added to each matching call
     bandwidth_mb_s: float = 0.0  # cap on write bandwidth (MiB/s), 0: none
+
+
+@dataclass
+class PowerLossParams:
+    """What the power cut leaves. Un-fsynced file data is lost in every mode (a file keeps its last
+    fsynced bytes: a never-fsynced file is empty, one appended to since its fsync is short); the mode
+    says what becomes of the directory entries (creates, renames, removals) no folder fsync made
+    durable."""
+
+    mode: str = "undo"  # undo: every such entry is undone, newest first (the worst POSIX allows) |
+    # entries-kept: every one is kept, as ext4 (data=ordered, delayed allocation) often leaves it: a
+    # file renamed into place without an fsync is there under its new name, empty or short
 
 
 @dataclass
@@ -126,7 +138,10 @@ class StorageNemesis(Nemesis):
         job = self.launch.job
         record.update(pids=sorted(self.launch.pids.values()), launcher_pid=job.launcher_pids()[0])
         job.kill()  # the whole node goes down at once
-        record["lost"] = self.setting.storage.client.call("crash")
+        storage = self.setting.storage
+        # faultfs's account (paths inside the mount), and where the mount is in the run directory
+        record["lost"] = {**storage.client.call("crash", mode=fault.params.mode),
+                          "root": os.path.relpath(storage.ckpt, storage.run_dir)}
 
     def corrupt(self, fault: Fault, event: dict, record: dict) -> None:
         record.update(corrupt(self.setting.storage.view, fault))
@@ -262,6 +277,14 @@ def _check_slow(s: Scenario, f: Fault) -> None:
     if f.params.latency_ms <= 0 and f.params.bandwidth_mb_s <= 0:
         raise Invalid("latency_ms", "neither latency_ms nor bandwidth_mb_s is set",
                       "set latency_ms > 0 and/or bandwidth_mb_s > 0")
+
+
+def _check_power_loss(s: Scenario, f: Fault) -> None:
+    _on_local_storage(s, f)
+    if f.params.mode not in POWER_LOSS_MODES:
+        raise Invalid("mode", f"unknown power-loss mode {f.params.mode!r}",
+                      "use mode = \"undo\" (un-fsynced data lost, un-persisted directory entries undone; the "
+                      "default) or \"entries-kept\" (un-fsynced data lost, every directory entry kept)")
 
 
 def _check_corrupt(s: Scenario, f: Fault) -> None:
@@ -414,9 +437,11 @@ KINDS = (
     FaultKind("slow", "storage", "add latency_ms to each matching call and/or cap the write bandwidth "
               "(bandwidth_mb_s)", SlowParams, StorageNemesis, StorageNemesis.slow, "#dfc27d",
               validate=_check_slow, needs=lambda p: frozenset({"faultfs"}), timed=True),
-    FaultKind("power_loss", "storage", "SIGKILL the whole node, then lose every write, create and rename not yet "
-              "made durable by fsync", NoParams, StorageNemesis, StorageNemesis.power_loss, "#543005",
-              validate=_on_local_storage, needs=lambda p: frozenset({"faultfs", "lazy"}),
+    FaultKind("power_loss", "storage", "SIGKILL the whole node, then lose every write not yet made durable by "
+              "fsync, and undo every create and rename not yet made durable (mode undo) or keep them "
+              "(entries-kept)", PowerLossParams, StorageNemesis, StorageNemesis.power_loss, "#543005",
+              validate=_check_power_loss, needs=lambda p: frozenset({"faultfs", "lazy"}),
+              describe=lambda f, h: "power_loss" if f.params.mode == "undo" else f"power_loss ({f.params.mode})",
               ends_launch=True, crashes=True, loses_unsynced=True),
     FaultKind("corrupt", "storage", "truncate, flip bits in, append to or delete files of a committed checkpoint "
               "(newest, oldest or by name), or edit its manifest", CorruptParams, StorageNemesis,
