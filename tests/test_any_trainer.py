@@ -50,7 +50,8 @@ def test_the_unmodified_example_survives_a_kill_half_way_through_its_checkpoint(
     r = run(tmp_path, golden_root)
     assert r.verdict == "pass", r.reason
     c = checks(r)
-    assert c["resumed_newest@1"] == ("pass", "it loaded checkpoints/step_00000004.pt, the newest complete checkpoint")
+    assert c["resumed_newest@1"] == ("pass", "it loaded checkpoints/step_00000004.pt, the newest complete checkpoint "
+                                             "(its torch.load)")
     assert c["trajectory"] == ("pass", "12 steps identical to the golden run, bit for bit, and the state the job "
                                        "ended with")
     assert c["lost_work@1"][0] == "pass"
@@ -64,8 +65,9 @@ def test_a_save_straight_to_the_final_name_is_caught_loading_a_torn_file(tmp_pat
     c = checks(r)
     verdict, detail = c["no_torn_read@1"]
     assert verdict == "fail"
-    assert detail.startswith("it loaded checkpoints/step_00000008.pt, which launch 0 left torn "
-                             "(checkpoints/step_00000008.pt:")
+    assert detail.startswith("it resumed from checkpoints/step_00000008.pt (its torch.load), which launch 0 "
+                             "left torn or incomplete: checkpoints/step_00000008.pt: 11575 of 23149 bytes written "
+                             "(the golden run's size), never completed"), detail
     assert c["job_completed"][0] == "fail"  # torch.load cannot read the torn file
 
 

@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 
 from ckpt_chaos.check.checks import Report, Run, _faults_fired, _harness_health, sample_shift
-from ckpt_chaos.check.history import Exited, ProbeEvent, read_jsonl, trajectory_records
+from ckpt_chaos.check.evidence import Evidence, Resume
+from ckpt_chaos.check.history import Exited, read_jsonl, step_loss, trajectory_records
 from ckpt_chaos.scenario import Scenario
 
 EXACT = ("loss_hex", "lr_hex", "samples", "model_digest", "optimizer_digest")
@@ -37,19 +38,16 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     gold, got = _steps(golden), _steps(run_dir)
     _completion(run, report, gold, got)
     _fault_effects(run, report)
+    ev = Evidence(run)
     for launch in run.launches()[1:]:
-        _resume(run, report, launch)
-    _trajectory(run, report, gold, got)
+        _resume(run, ev, report, launch)
+    _trajectory(run, ev, report, gold, got)
     return report
 
 
 def _steps(run_dir: Path) -> dict[int, dict]:
     """Step -> record of rank 0; where a relaunch trained a step again, its record wins."""
     return {r["step"]: r for r in read_jsonl(Path(run_dir) / "trajectory.jsonl")}
-
-
-def _probes(run: Run, point: str, launch: int, rank: int | None = 0) -> list[ProbeEvent]:
-    return [h for h in run.probes(point) if h.launch == launch and (rank is None or h.rank == rank)]
 
 
 def _completion(run: Run, report: Report, gold: dict, got: dict) -> None:
@@ -78,50 +76,80 @@ def _fault_effects(run: Run, report: Report) -> None:
         report.add("job_failed", ex.rc != 0, fault=h.index, detail=f"launch {h.launch} exited with status {ex.rc}")
 
 
-def _loaded(run: Run, launch: int) -> str | None:
-    loads = _probes(run, "load.begin", launch)
-    return loads[0].info.get("path") if loads else None
-
-
-def _resume(run: Run, report: Report, launch: int) -> None:
+def _resume(run: Run, ev: Evidence, report: Report, launch: int) -> None:
     before = run.exit_of(launch - 1)
-    torn = _in_flight(run, launch - 1)
-    # a torn file is not complete, whatever its name says
+    torn = ev.torn(launch - 1)
+    # a checkpoint with a torn or missing file is not complete, whatever its name says
     complete = {p: v for p, v in ((before.complete or {}) if before else {}).items()
-                if not any(t == p or t.startswith(p.rstrip("/") + "/") for t in torn)}
-    loaded = _loaded(run, launch)
+                if not any(_within(t, p) or _within(t, ev.checkpoint_of(p) or p) for t in torn)}
+    r = ev.resumed_from(launch)
     newest = max(complete, key=lambda p: (complete[p]["mtime_ns"], p)) if complete else None
-    if newest is None:
-        report.add("resumed_newest", loaded is None, at=launch, detail=
-                   "nothing was complete, and the launch started fresh" if loaded is None else
-                   f"it loaded {loaded}, although nothing matching command.complete was there")
-    elif loaded is None:
-        report.add("resumed_newest", False, at=launch, detail=f"it started fresh although {newest} was complete")
+    newest_ckpt = (ev.checkpoint_of(newest) or newest) if newest else None
+    lost = _power_loss(run, launch - 1)
+    if not r.decided:
+        report.add("resumed_newest", "unknown", at=launch, detail=r.missing)
+    elif before is None or before.complete is None:
+        report.add("resumed_newest", "unknown", at=launch, detail=f"it resumed from {r.checkpoint or 'nothing'} "
+                   f"({r.how}), but what launch {launch - 1} left complete was not recorded")
+    elif newest is None:
+        report.add("resumed_newest", r.checkpoint is None, at=launch, detail=
+                   f"nothing was complete, and the launch started fresh ({r.how})" if r.checkpoint is None else
+                   f"it resumed from {r.checkpoint} ({r.how}), although nothing matching command.complete was "
+                   "complete there" + (f"; {lost}" if lost else ""))
+    elif r.checkpoint is None:
+        report.add("resumed_newest", False, at=launch, detail=f"it started fresh ({r.how}) although {newest} "
+                   "was complete")
     else:
-        ok = loaded == newest or loaded.startswith(newest.rstrip("/") + "/")
-        report.add("resumed_newest", ok, at=launch, detail=f"it loaded {loaded}, the newest complete checkpoint"
-                   if ok else f"it loaded {loaded}, but the newest complete checkpoint was {newest} "
-                   f"(complete: {', '.join(sorted(complete))})")
-    if loaded is not None:
-        hit = sorted(p for p in torn if p == loaded or p.startswith(loaded.rstrip("/") + "/"))  # a file, or in a folder
-        report.add("no_torn_read", not hit, at=launch, detail=
-                   f"{loaded} was not being written when launch {launch - 1} ended" if not hit else
-                   f"it loaded {loaded}, which launch {launch - 1} left torn ("
-                   + ", ".join(f"{p}: {torn[p]} bytes written, not completed" for p in hit) + ")")
+        ok = r.checkpoint == newest_ckpt
+        report.add("resumed_newest", ok, at=launch, detail=f"it loaded {r.checkpoint}, the newest complete "
+                   f"checkpoint ({r.how})" if ok else f"it loaded {r.checkpoint} ({r.how}), but the newest complete "
+                   f"checkpoint was {newest} (complete: {', '.join(sorted(complete))})")
+    read = set(r.files) | ({r.checkpoint} if r.checkpoint else set())
+    hit = sorted(p for p in torn if any(_within(p, q) for q in read))
+    if hit:
+        report.add("no_torn_read", False, at=launch, detail=f"it resumed from {r.checkpoint or 'files'} ({r.how}), "
+                   f"which launch {launch - 1} left torn or incomplete: "
+                   + "; ".join(f"{p}: {torn[p]}" for p in hit) + (f"; {lost}" if lost else ""))
+    elif not torn:
+        report.add("no_torn_read", True, at=launch, detail=f"launch {launch - 1} left no checkpoint file torn or "
+                   "incomplete")
+    elif r.decided:
+        report.add("no_torn_read", True, at=launch, detail=f"it resumed from {r.checkpoint or 'nothing'}, not from "
+                   f"what launch {launch - 1} left torn ({', '.join(sorted(torn)[:4])})")
+    else:
+        report.add("no_torn_read", "unknown", at=launch, detail=f"launch {launch - 1} left "
+                   f"{', '.join(sorted(torn)[:4])} torn or incomplete, and which files launch {launch} read is not "
+                   f"known: {r.missing}")
     every = run.s.command.save_every
     reached = _trained(run, launch - 1)
     started = _trained(run, launch)
     if every is None:
         report.add("lost_work", "n/a", at=launch, detail="command.save_every is not given")
     elif reached and started:
-        lost = max(reached) - (started[0] - 1)
-        report.add("lost_work", lost <= every, at=launch, detail=f"{lost} step(s) trained again, at most {every} "
-                   "allowed" + ("" if lost <= every else f": it went back to step {started[0] - 1} from {max(reached)}"))
+        lost_steps = max(reached) - (started[0] - 1)
+        report.steps_lost = (report.steps_lost or 0) + max(0, lost_steps)
+        report.add("lost_work", lost_steps <= every, at=launch, detail=f"{lost_steps} step(s) trained again, at "
+                   f"most {every} allowed" + ("" if lost_steps <= every else f": it went back to step "
+                                             f"{started[0] - 1} from {max(reached)}" + (f"; {lost}" if lost else "")))
     elif not started:
         report.add("lost_work", "unknown", at=launch, detail=f"launch {launch} began no step: it failed before "
                    "its first, so how much it would have trained again is not known")
     else:
         report.add("lost_work", "unknown", at=launch, detail=f"launch {launch - 1} ended no step before it ended")
+    report.resumed_from.append(r.label())
+
+
+def _within(path: str, entry: str) -> bool:
+    return path == entry or path.startswith(entry.rstrip("/") + "/")
+
+
+def _power_loss(run: Run, launch: int) -> str | None:
+    """What a power cut that ended ``launch`` lost for want of an fsync, in a sentence, or None."""
+    try:
+        from ckpt_chaos.check.durability import power_loss_summary
+    except ImportError:
+        return None
+    return power_loss_summary(run, launch)
 
 
 def _trained(run: Run, launch: int) -> list[int]:
@@ -129,25 +157,7 @@ def _trained(run: Run, launch: int) -> list[int]:
     return [r["step"] for r in trajectory_records(run.dir) if r.get("attempt", 0) == launch]
 
 
-def _in_flight(run: Run, launch: int) -> dict[str, int]:
-    """Files of a launch written to but never closed, or closed after a write failed: what the launch
-    left torn (path -> bytes written)."""
-    open_: dict[str, int] = {}
-    for h in run.probes():
-        if h.launch != launch or "path" not in h.info:
-            continue
-        if h.point in ("file.write", "ckpt.shard.write", "faultfs.write"):
-            open_[h.info["path"]] = h.info.get("bytes", 0)
-        elif h.point in ("file.done", "ckpt.shard.done", "faultfs.done") and h.info.get("failed"):
-            open_[h.info["path"]] = h.info.get("bytes", 0)  # closed after a write failed: torn all the same
-        elif h.point in ("file.done", "ckpt.shard.done", "faultfs.done", "file.remove", "faultfs.remove"):
-            open_.pop(h.info["path"], None)
-        elif h.point in ("file.rename", "faultfs.rename") and h.info.get("src") in open_:
-            open_[h.info["path"]] = open_.pop(h.info["src"])
-    return open_
-
-
-def _trajectory(run: Run, report: Report, gold: dict, got: dict) -> None:
+def _trajectory(run: Run, ev: Evidence, report: Report, gold: dict, got: dict) -> None:
     missing = sorted(set(gold) - set(got))
     if missing:
         report.add("trajectory", False, f"steps {missing[0]}..{missing[-1]} of the golden run were never trained")
@@ -163,9 +173,9 @@ def _trajectory(run: Run, report: Report, gold: dict, got: dict) -> None:
         for step in sorted(gold):
             fields = [k for k in EXACT if k in gold[step] and gold[step].get(k) != got[step].get(k)]
             if fields:
-                report.add("trajectory", False, _diagnose(run, gold, got, step, fields))
+                report.add("trajectory", False, _diagnose(run, ev, gold, got, step, fields))
                 return
-        if _past_the_end(run, report, gold, got):
+        if _past_the_end(run, ev, report, gold, got):
             return
         final = _final_state(run, max(gold))
         if final is not None and final:
@@ -178,20 +188,20 @@ def _trajectory(run: Run, report: Report, gold: dict, got: dict) -> None:
     tol, worst, at = run.s.expect.rel_tol, 0.0, None
     for step in sorted(gold):
         if gold[step].get("samples") != got[step].get("samples"):
-            report.add("trajectory", False, _diagnose(run, gold, got, step, ["samples"]))
+            report.add("trajectory", False, _diagnose(run, ev, gold, got, step, ["samples"]))
             return
         a, b = _loss(gold[step]), _loss(got[step])
         rel = abs(a - b) / max(abs(a), 1e-12)
         if rel > worst:
             worst, at = rel, step
-    if worst <= tol and _past_the_end(run, report, gold, got):
+    if worst <= tol and _past_the_end(run, ev, report, gold, got):
         return
     report.add("trajectory", worst <= tol, f"same samples at every step; largest relative loss difference "
                f"{worst:.3%} (step {at}), tolerance {tol:.1%}" if worst <= tol else
-               _diagnose(run, gold, got, at, [f"loss off by {worst:.2%} > {tol:.1%}"]))
+               _diagnose(run, ev, gold, got, at, [f"loss off by {worst:.2%} > {tol:.1%}"]))
 
 
-def _past_the_end(run: Run, report: Report, gold: dict, got: dict) -> bool:
+def _past_the_end(run: Run, ev: Evidence, report: Report, gold: dict, got: dict) -> bool:
     """Steps the golden run never reached were trained: the job went on past its end, as a trainer
     does whose own step counter a resume did not restore (the optimizer's count, recorded here, went
     on from the checkpoint). Reported as the trajectory's failure; True if so."""
@@ -199,10 +209,10 @@ def _past_the_end(run: Run, report: Report, gold: dict, got: dict) -> bool:
     if not extra:
         return False
     last = max(gold)
-    resume = _resume_before(run, extra[0])
-    where = (f"; the optimizer's own count went on from the checkpoint launch {resume[0]} loaded ({resume[2]}) "
-             f"while the trainer counted to its end again: its step counter was not restored"
-             if resume is not None and resume[2] is not None else "")
+    resume = _resume_before(run, ev, extra[0])
+    where = (f"; the optimizer's own count went on from the checkpoint launch {resume[0]} loaded "
+             f"({resume[2].checkpoint}) while the trainer counted to its end again: its step counter was not restored"
+             if resume is not None and resume[2].checkpoint is not None else "")
     report.add("trajectory", False, f"steps {extra[0]}..{extra[-1]} were trained, past the golden run's last "
                f"step {last} ({len(extra)} step(s) too many; the {last} steps of the golden run are identical)"
                + where)
@@ -226,23 +236,23 @@ def _final_state(run: Run, last: int) -> list[str] | None:
     return [k.split("_")[0] for k in keys if gold[k] != got[k]]
 
 
-def _loss(rec: dict) -> float:
-    return sum(float.fromhex(x) for x in rec.get("loss_hex", "").split(",") if x)
+_loss = step_loss  # the step's loss as the report's loss plot reads it
 
 
-def _diagnose(run: Run, gold: dict, got: dict, step: int, fields: list[str]) -> str:
+def _diagnose(run: Run, ev: Evidence, gold: dict, got: dict, step: int, fields: list[str]) -> str:
     head = f"trajectory diverges at step {step} ({', '.join(fields)})"
     if "samples" in fields:
         head += ": the job trained on different samples than the golden run" + sample_shift(gold, got, step, "samples")
     if "lr_hex" in fields:
         head += (f": the learning rate is {float.fromhex(got[step]['lr_hex']):.6g} where the golden run's was "
                  f"{float.fromhex(gold[step]['lr_hex']):.6g} (the LR schedule's state)")
-    resume = _resume_before(run, step)
+    resume = _resume_before(run, ev, step)
     if resume is None:
         return head + ", before any resume: the fault changed training itself, or the trainer is not deterministic"
-    launch, first, loaded = resume
+    launch, first, r = resume
+    source = (r.checkpoint if r.checkpoint else "nothing (a fresh start)") if r.decided else "a checkpoint not known"
     where = f"; it is {'the first step' if first == step else f'{step - first + 1} steps'} after resuming " \
-            f"from {loaded or 'nothing (a fresh start)'} (launch {launch})"
+            f"from {source} (launch {launch})"
     g, r = gold.get(first, {}), got.get(first, {})
     unstable = json.loads((run.golden / "golden.json").read_text()).get("unstable", [])
     keys = [k for k in STATE if k in g and k in r and k not in unstable]
@@ -257,11 +267,11 @@ def _diagnose(run: Run, gold: dict, got: dict, step: int, fields: list[str]) -> 
             "something none of them captures")
 
 
-def _resume_before(run: Run, step: int) -> tuple[int, int, str | None] | None:
-    """(launch, its first step, what it loaded) of the last relaunch that began at or before ``step``."""
+def _resume_before(run: Run, ev: Evidence, step: int) -> tuple[int, int, Resume] | None:
+    """(launch, its first step, where it resumed from) of the last relaunch that began at or before ``step``."""
     best = None
     for launch in run.launches()[1:]:
         begins = _trained(run, launch)
         if begins and begins[0] <= step:
-            best = (launch, begins[0], _loaded(run, launch))
+            best = (launch, begins[0], ev.resumed_from(launch))
     return best

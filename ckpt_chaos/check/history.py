@@ -114,6 +114,7 @@ class Exited(Record):
     # a [command] trainer whose complete is a pointer file: what it named (run.command.pointer: file, content,
     # checkpoint, problem); a problem (missing, empty, garbled, dangling) is why nothing was complete
     pointer: dict | None = None
+    files: dict | None = None  # a [command] trainer: every file in its checkpoint folder, path -> size
     slurm: dict | None = None  # the slurm backend: the job's JobState, Reason, ExitCode, Restarts as the run ended
 
 
@@ -228,6 +229,14 @@ def final_state(run_dir: Path) -> dict | None:
 def trajectory_records(run_dir: Path) -> list[dict]:
     """Every step record in the order written, restarts included."""
     return read_jsonl(Path(run_dir) / "trajectory.jsonl")
+
+
+def step_loss(rec: dict) -> float:
+    """A step record's loss: the reference trainer's ``loss``, or else the sum of the probe layer's
+    ``loss_hex`` (a [command] trainer's: comma-separated ``float.hex`` of each backward's loss)."""
+    if rec.get("loss") is not None:
+        return float(rec["loss"])
+    return sum(float.fromhex(x) for x in rec.get("loss_hex", "").split(",") if x)
 
 
 class History:

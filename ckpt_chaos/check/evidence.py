@@ -1,0 +1,295 @@
+"""What each launch of a ``[command]`` trainer did to its checkpoint files, from every source a stored
+run holds, and the one answer to "which checkpoint did launch N resume from" that every check, every
+diagnosis and the report take.
+
+The sources, most precise first:
+
+* a load a patch of the probe layer recognised (``load.begin``: ``torch.load``, ``dcp.load``,
+  Accelerate's ``load_state``): the path it loaded;
+* the files of the checkpoint folder the launch's processes opened to read before they first wrote
+  there: through Python (the layer's ``file.read``: ``json.load``, ``pickle``, ``np.load``) and, as
+  root, through fanotify (``files.jsonl``), which sees every reader, native ones (safetensors, mmap,
+  C++) included. Where several checkpoints were read (a trainer that looks at each before choosing),
+  the one with the most bytes read from is the one it resumed from, the later one on a tie;
+* the trajectory: the step a launch began at is the optimizer's own count, so a launch that began at
+  step s resumed the state of step s-1, which a checkpoint written right after step s-1 holds; a
+  launch that began at step 1 with the golden run's first loss started from the initial model.
+
+Where none of them decides, the answer is undecided and says what was missing: a check turns that
+into ``unknown``, never into ``fail``.
+
+A checkpoint is named by its entry in the checkpoint folder (``checkpoints/step_8`` for every file
+in that folder, ``checkpoints/step_8.pt`` for a file).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ckpt_chaos.check.history import read_jsonl, trajectory_records
+
+FILE_LOG = "files.jsonl"  # the fanotify recorder's file events (ckpt_chaos.env.fileevents)
+WRITES = ("file.write", "file.done", "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata", "ckpt.stage",
+          "file.rename", "file.copy", "faultfs.write", "faultfs.done", "faultfs.rename")
+DONE = ("file.done", "ckpt.shard.done", "faultfs.done", "file.rename", "faultfs.rename", "ckpt.metadata")
+NO_FANOTIFY = ("which files it opened is not known: the run has no fanotify record (the harness records every "
+               "process's opens as root; run it as root to have them)")
+
+
+@dataclass
+class Read:
+    path: str
+    source: str  # "probe layer" | "fanotify"
+    t: float
+    size: int | None = None
+
+
+@dataclass
+class Resume:
+    """Where launch ``launch`` resumed from: ``checkpoint`` (None: it started fresh) when ``decided``;
+    else ``missing`` says what evidence would have told."""
+
+    launch: int
+    decided: bool
+    checkpoint: str | None = None
+    how: str = ""  # the evidence, in words
+    first_step: int | None = None
+    files: list[str] = field(default_factory=list)  # the checkpoint files it read, where seen
+    missing: str = ""
+
+    def label(self) -> str:
+        """For a report column: the checkpoint, "scratch", or "?"."""
+        return "?" if not self.decided else self.checkpoint or "scratch"
+
+
+def _within(path: str, entry: str) -> bool:
+    return path == entry or path.startswith(entry.rstrip("/") + "/")
+
+
+class Evidence:
+    """The evidence of one stored run, computed once and shared by its checks."""
+
+    def __init__(self, run):
+        self.run = run
+        self.ckpt = run.s.command.ckpt_dir.strip("/") if run.s.command else "checkpoints"
+        self.log = read_jsonl(run.dir / FILE_LOG) if (run.dir / FILE_LOG).exists() else []
+        self.traj = trajectory_records(run.dir)
+        self.gold_traj = {r["step"]: r for r in read_jsonl(run.golden / "trajectory.jsonl")}
+        self._resumes: dict[int, Resume] = {}
+
+    # ---- names -------------------------------------------------------------------------------------
+
+    def checkpoint_of(self, path: str | None) -> str | None:
+        """The checkpoint a path belongs to: its entry in the checkpoint folder; None outside it."""
+        if not path or not path.startswith(self.ckpt + "/"):
+            return None
+        return f"{self.ckpt}/{path[len(self.ckpt) + 1:].split('/')[0]}"
+
+    # ---- what was watched ----------------------------------------------------------------------------
+
+    def fanotify(self, launch: int) -> tuple[bool, str]:
+        """Whether fanotify watched the launch, and if not why (one line)."""
+        for r in self.log:
+            if r.get("launch") == launch and r.get("op") == "watch":
+                return True, ""
+            if r.get("launch") == launch and r.get("op") == "unavailable":
+                return False, f"which files it opened is not known: fanotify could not watch ({r.get('why')})"
+        return False, NO_FANOTIFY
+
+    # ---- reads and writes ------------------------------------------------------------------------------
+
+    def _file_ops(self, launch: int) -> tuple[list[Read], float | None]:
+        """fanotify's reads of the checkpoint folder by the launch's job processes (an open whose close
+        wrote nothing), and when the launch first wrote there."""
+        reads, first_write, opened = [], None, {}
+        for r in self.log:
+            if r.get("launch") != launch or r.get("job") is False or r.get("dir"):
+                continue
+            op, path, t = r.get("op"), r.get("path", ""), r.get("t", 0.0)
+            if not path.startswith(self.ckpt + "/"):
+                continue
+            if op == "open":
+                opened.setdefault((r.get("pid"), path), t)
+            elif op == "close":
+                t0 = opened.pop((r.get("pid"), path), t)
+                if r.get("wrote"):
+                    first_write = t0 if first_write is None else min(first_write, t0)
+                else:
+                    reads.append(Read(path, "fanotify", t0, r.get("size")))
+            elif op in ("create", "rename"):
+                first_write = t if first_write is None else min(first_write, t)
+        reads += [Read(p, "fanotify", t) for (_, p), t in opened.items()]  # opened, never closed
+        return reads, first_write
+
+    def reads(self, launch: int) -> list[Read]:
+        """The checkpoint-folder files the launch opened to read before it first wrote there."""
+        reads, first_write = self._file_ops(launch)
+        probes = [h for h in self.run.probes() if h.launch == launch]
+        writes = [h.t for h in probes if h.point in WRITES and str(h.info.get("path", "")).startswith(self.ckpt + "/")]
+        if writes:
+            first_write = min(writes) if first_write is None else min(first_write, min(writes))
+        reads += [Read(h.info["path"], "probe layer", h.t, h.info.get("size")) for h in probes
+                  if h.point == "file.read" and str(h.info.get("path", "")).startswith(self.ckpt + "/")]
+        return sorted((r for r in reads if first_write is None or r.t <= first_write), key=lambda r: r.t)
+
+    def first_step(self, launch: int) -> int | None:
+        steps = [r["step"] for r in self.traj if r.get("attempt", 0) == launch]
+        return steps[0] if steps else None
+
+    def saved_steps(self) -> dict[str, int]:
+        """Checkpoint -> the step whose state it holds: the last step a launch had trained when it last
+        wrote to that checkpoint (the trajectory's times against the file events')."""
+        by_launch: dict[int, list[tuple[float, int]]] = {}
+        for r in self.traj:
+            if "t" in r:
+                by_launch.setdefault(r.get("attempt", 0), []).append((r["t"], r["step"]))
+        out: dict[str, int] = {}
+
+        def wrote(launch: int, t: float, path: str) -> None:
+            ckpt = self.checkpoint_of(path)
+            steps = [s for ts, s in by_launch.get(launch, []) if ts <= t]
+            if ckpt is not None and steps:
+                out[ckpt] = steps[-1]
+
+        for h in self.run.probes():
+            if h.point in DONE and "path" in h.info:
+                wrote(h.launch, h.t, h.info["path"])
+        for r in self.log:
+            if (r.get("op") == "close" and r.get("wrote")) or r.get("op") in ("rename", "create"):
+                wrote(r.get("launch", 0), r.get("t", 0.0), r.get("path", ""))
+        return out
+
+    # ---- where a launch resumed from -------------------------------------------------------------------
+
+    def resumed_from(self, launch: int) -> Resume:
+        if launch not in self._resumes:
+            self._resumes[launch] = self._resumed_from(launch)
+        return self._resumes[launch]
+
+    def _resumed_from(self, launch: int) -> Resume:
+        first = self.first_step(launch)
+        loads = [h for h in self.run.probes("load.begin") if h.launch == launch]
+        loads = [h for h in loads if h.rank == 0] or loads
+        reads = self.reads(launch)
+        files = sorted({r.path for r in reads})
+        if loads:
+            path = loads[0].info.get("path")
+            return Resume(launch, True, self.checkpoint_of(path) or path, f"its {loads[0].info.get('via', 'load')}",
+                          first, files)
+        if reads:
+            size = self._sizes(launch - 1)
+            weight: dict[str, tuple[int, float]] = {}
+            for r in reads:
+                ckpt = self.checkpoint_of(r.path)
+                n, _ = weight.get(ckpt, (0, 0.0))
+                weight[ckpt] = (n + (r.size if r.size is not None else size.get(r.path, 0)), r.t)
+            ckpt = max(weight, key=lambda c: weight[c])
+            sources = " and ".join(sorted({r.source for r in reads}))
+            return Resume(launch, True, ckpt, f"the files it opened ({sources}): {', '.join(files[:6])}"
+                          + (" ..." if len(files) > 6 else ""), first, files)
+        watched, why = self.fanotify(launch)
+        if watched:
+            if first is None:
+                return Resume(launch, False, first_step=first, missing=f"launch {launch} opened no checkpoint file "
+                              "and trained no step: it ended before it resumed")
+            if first == 1:
+                return Resume(launch, True, None, "fanotify saw none of its processes open a file of the "
+                              "checkpoint folder, and it began at step 1", first)
+            return Resume(launch, False, first_step=first, missing=f"launch {launch} began at step {first}, so it "
+                          f"resumed the state of step {first - 1}, but none of its processes opened a file of the "
+                          f"checkpoint folder {self.ckpt}: it read its state from elsewhere")
+        return self._from_trajectory(launch, first, why)
+
+    def _from_trajectory(self, launch: int, first: int | None, why: str) -> Resume:
+        if first is None:
+            return Resume(launch, False, first_step=first, missing=f"no load of a known framework was seen, {why}, "
+                          f"and launch {launch} trained no step")
+        if first == 1:
+            got = next((r for r in self.traj if r.get("attempt", 0) == launch), {})
+            gold = self.gold_traj.get(1, {})
+            if gold.get("loss_hex") and got.get("loss_hex") == gold.get("loss_hex"):
+                return Resume(launch, True, None, "it began at step 1 with the golden run's first loss, bit for "
+                              "bit: the initial model", first)
+            return Resume(launch, False, first_step=first, missing=f"launch {launch} began at step 1 but its first "
+                          f"loss differs from the golden run's, so it may have loaded a model without the "
+                          f"optimizer's step count; no load of a known framework was seen, and {why}")
+        before = self.run.exit_of(launch - 1)
+        left = None if before is None else before.complete if before.complete is not None else before.files
+        there = None if left is None else {self.checkpoint_of(p) for p in left}
+        holds = [c for c, step in self.saved_steps().items() if step == first - 1 and (there is None or c in there)]
+        if len(holds) == 1:
+            return Resume(launch, True, holds[0], f"inferred: it began at step {first} and {holds[0]} holds step "
+                          f"{first - 1}; no load of a known framework was seen, and {why}", first)
+        return Resume(launch, False, first_step=first, missing=f"launch {launch} began at step {first}, so it "
+                      f"resumed the state of step {first - 1}, but "
+                      + ("no checkpoint counted complete is known to hold that step" if not holds else
+                         f"{', '.join(sorted(holds))} all hold that step") + f"; no load of a known framework was "
+                      f"seen, and {why}")
+
+    # ---- what a launch left behind ---------------------------------------------------------------------
+
+    def _sizes(self, launch: int) -> dict[str, int]:
+        ex = self.run.exit_of(launch)
+        return dict(ex.files or {}) if ex is not None else {}
+
+    def golden_files(self) -> dict[str, int]:
+        """The golden run's checkpoint files under their final names, with their sizes."""
+        out: dict[str, int] = {}
+        listing = self.run.golden / "files.json"
+        if listing.exists():
+            out.update(json.loads(listing.read_text()))
+        events = read_jsonl(self.run.golden / "probe.jsonl") if (self.run.golden / "probe.jsonl").exists() else []
+        renamed = {e["info"]["src"] for e in events if e.get("point") in ("file.rename", "faultfs.rename")
+                   and e.get("info", {}).get("src")}
+        for e in events:
+            info = e.get("info", {})
+            if e.get("point") in ("file.done", "ckpt.shard.done", "faultfs.done") and info.get("path") not in renamed:
+                out.setdefault(info["path"], int(info.get("bytes", 0)))
+        gold_log = self.run.golden / FILE_LOG
+        for r in (read_jsonl(gold_log) if gold_log.exists() else []):
+            if r.get("op") == "rename":
+                out.pop(r.get("src", ""), None)
+            elif r.get("op") == "close" and r.get("wrote") and r.get("size") is not None:
+                out.setdefault(r["path"], r["size"])
+        return {p: s for p, s in out.items() if p.startswith(self.ckpt + "/")}
+
+    def in_flight(self, launch: int) -> dict[str, int]:
+        """Files of a launch written to but never closed, or closed after a write failed, as the probe
+        layer and faultfs saw them (path -> bytes written)."""
+        open_: dict[str, int] = {}
+        for h in self.run.probes():
+            if h.launch != launch or "path" not in h.info:
+                continue
+            if h.point in ("file.write", "ckpt.shard.write", "faultfs.write"):
+                open_[h.info["path"]] = h.info.get("bytes", 0)
+            elif h.point in ("file.done", "ckpt.shard.done", "faultfs.done") and h.info.get("failed"):
+                open_[h.info["path"]] = h.info.get("bytes", 0)  # closed after a write failed: torn all the same
+            elif h.point in ("file.done", "ckpt.shard.done", "faultfs.done", "file.remove", "faultfs.remove"):
+                open_.pop(h.info["path"], None)
+            elif h.point in ("file.rename", "faultfs.rename") and h.info.get("src") in open_:
+                open_[h.info["path"]] = open_.pop(h.info["src"])
+        return open_
+
+    def torn(self, launch: int) -> dict[str, str]:
+        """What launch ``launch`` left torn or incomplete, path -> how: files it was writing when it
+        ended, and, in a checkpoint the golden run also wrote, files missing or empty where the golden
+        run's were not."""
+        gold = self.golden_files()
+        sizes = self._sizes(launch)
+        out = {}
+        for p, n in self.in_flight(launch).items():
+            whole = gold.get(p)
+            out[p] = (f"{n} of {whole} bytes written (the golden run's size), never completed" if whole else
+                      f"{n} bytes written, never completed")
+        if sizes:
+            present = {self.checkpoint_of(p) for p in sizes}
+            for p, whole in sorted(gold.items()):
+                ckpt = self.checkpoint_of(p)
+                if ckpt is None or ckpt not in present or p in out or ckpt == p and p not in sizes:
+                    continue
+                if p not in sizes:
+                    out[p] = f"missing ({whole} bytes in the golden run)"
+                elif sizes[p] == 0 and whole > 0:
+                    out[p] = f"empty ({whole} bytes in the golden run)"
+        return out
