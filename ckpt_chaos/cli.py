@@ -326,7 +326,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for r in rows:
         f = lambda v, d=1: "" if v is None else f"{v:.{d}f}"
         t.add_row(r["scenario"], f"[{COLOUR.get(r['verdict'], 'magenta')}]{r['verdict']}[/]",
-                  str(r["steps_lost"] or 0), f(r["time_to_detect_s"]), f(r["time_to_recover_s"]), f(r["save_s"], 3))
+                  results.shown(r, "steps_lost"), f(r["time_to_detect_s"]), f(r["time_to_recover_s"]),
+                  f(r["save_s"], 3))
     console.print(t)
     console.print(f"report: {out / 'index.html'}" + (f"  junit: {args.junitxml}" if args.junitxml else ""))
     for r in skipped:
@@ -518,18 +519,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(f"report: {html}")
     if not args.browser:
         return EXIT_OK
+    missing = results.missing_plots(root, drawn=not args.no_plots)  # a plot that should be there and is not
+    for p in missing:
+        print(f"ckpt-chaos report: {p}", file=sys.stderr)
     try:
         view = results.view_in_browser(html, screenshot=root / "report.png")
     except FileNotFoundError as e:
         print(f"ckpt-chaos report: cannot check the report in a browser: {e}", file=sys.stderr)
-        return EXIT_CANNOT_RUN
+        return EXIT_FAILED if missing else EXIT_CANNOT_RUN
     problems = view.problems(expected_plots=results.expected_plots(root))
     print(f"in headless Chromium: {view.sections} scenarios, {view.plots} plots loaded"
           f"{'' if view.broken_plots == 0 else f', {view.broken_plots} broken'}, {len(view.script_errors)} script "
           f"errors; screenshot {view.screenshot}")
     for p in problems:
         print(f"ckpt-chaos report: {p}", file=sys.stderr)
-    return EXIT_FAILED if problems else EXIT_OK
+    return EXIT_FAILED if problems or missing else EXIT_OK
 
 
 def cmd_cadence(args: argparse.Namespace) -> int:

@@ -6,8 +6,11 @@ directory per scenario with its history, trajectory, logs and ``result.json``.
 
 ``results.json`` and each ``result.json`` carry ``schema_version`` (raised when a key changes
 meaning or goes away), ``tool_version`` (the ckpt-chaos that wrote them) and, per scenario, the
-trainer module and its code's revision (``{"commit", "dirty"}`` of the git repository the module is
-tracked in, null when it is not in git). A row's ``verdict`` is ``pass``, ``fail`` or ``skipped``,
+trainer (``trainer``: its module, or a ``[command]`` trainer's command, launcher and source file;
+``trainer_module``, null for a ``[command]`` trainer) and its code's revision (``{"commit", "dirty"}``
+of the git repository the module or source file is tracked in, null when it is not in git).
+``results.json``'s ``plots`` says whose plots the run drew (all, failed, none).
+A row's ``verdict`` is ``pass``, ``fail`` or ``skipped``,
 or for a scenario with ``expect.known_failure``: ``xfail`` (that check failed, as documented) or
 ``xpass`` (it did not: a fixed bug, or a known failure that no longer shows; this fails the suite).
 """
@@ -18,6 +21,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,7 +37,7 @@ from ckpt_chaos import __version__
 
 SCHEMA_VERSION = 1
 COLUMNS = ["scenario", "verdict", "families", "kinds", "launches", "steps_lost", "time_to_detect_s",
-           "time_to_recover_s", "save_s", "save_stall_s", "resumed_from", "wall_s", "reason"]
+           "time_to_recover_s", "save_s", "save_stall_s", "resumed_from", "wall_s", "reason", "trainer"]
 # Verdicts that let a suite pass; "skipped" passes unless the run is strict; any other fails it
 # (``fail``, ``xpass``, and a verdict this version does not know).
 PASSING = ("pass", "xfail")
@@ -73,14 +77,29 @@ def failed(row: dict) -> bool:
 def trainer_revision(module: str) -> dict | None:
     """``{"commit", "dirty"}`` of the git repository the trainer module's code is tracked in; None when
     it is not (an installed package, no git here). Dirty: tracked files differ from the commit."""
-    top = module.split(".")[0]
+    origin = module_file(module.split(".")[0])
+    return file_revision(origin) if origin is not None else None
+
+
+def module_file(module: str) -> Path | None:
+    """The file of a module, found without importing it (its package's ``__init__.py``); None if none."""
     try:
-        spec = PathFinder.find_spec(top, [*sys.path, os.getcwd()])  # finds it without importing it
+        spec = PathFinder.find_spec(module.split(".")[0], [*sys.path, os.getcwd()])
+        if spec is not None and "." in module:  # a submodule: look for it in its package's folders
+            for part in module.split(".")[1:]:
+                spec = PathFinder.find_spec(part, list(spec.submodule_search_locations or []))
+                if spec is None:
+                    break
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.origin or not Path(spec.origin).is_file():
         return None
-    origin = Path(spec.origin)
+    return Path(spec.origin)
+
+
+def file_revision(origin: Path) -> dict | None:
+    """``{"commit", "dirty"}`` of the git repository ``origin`` (a file) is tracked in; None when it is not."""
+    origin = Path(origin).absolute()
 
     def git(*args: str) -> subprocess.CompletedProcess | None:
         try:
@@ -128,11 +147,57 @@ def scenario_row(result, scenario, write: bool = True) -> dict:
     """The scenario's row for the suite's table: the runner's result with its known failure applied and
     what made it (tool version, trainer revision); also written to the run's ``result.json``."""
     row = apply_known_failure(result.to_dict(), scenario.expect.known_failure, scenario.source)
-    row["trainer_module"] = scenario.trainer_module
-    row["trainer_revision"] = trainer_revision(scenario.trainer_module)
+    row["trainer"] = describe_trainer(scenario)
+    row["trainer_module"] = scenario.trainer_module if scenario.command is None else None
+    source = row["trainer"].get("source")
+    row["trainer_revision"] = (trainer_revision(scenario.trainer_module) if scenario.command is None
+                               else file_revision(Path(source)) if source else None)
     if write and row.get("run_dir") and Path(row["run_dir"]).is_dir():
         _write_json(Path(row["run_dir"]) / "result.json", {**stamp(), **row})
     return row
+
+
+def describe_trainer(scenario) -> dict:
+    """What trained: ``{"module"}`` for a trainer module (the reference trainer's), or for a
+    ``[command]`` trainer its ``command`` (argv as the scenario gives it, placeholders and all),
+    ``launcher``, ``relaunch_argv`` and ``source``: the script it runs (relative to the directory it
+    was run from) or the module's file, None where the command names neither."""
+    c = scenario.command
+    if c is None:
+        return {"module": scenario.trainer_module}
+    return {"command": list(c.argv), "launcher": c.launcher, "relaunch_argv": list(c.relaunch_argv),
+            "source": command_source(c.argv, c.launcher)}
+
+
+def command_source(argv: list[str], launcher: str = "torchrun") -> str | None:
+    """The source file a [command] runs: under torchrun its script, or the module after ``-m``; with its
+    own launcher (``{python} train.py``, ``accelerate launch ... train.py``) the first ``.py`` file named
+    (a launcher's ``-m`` module is the launcher, not the trainer), else the module after ``-m``."""
+    args = [a for a in argv if "{" not in a]
+    modules = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-m"]
+    if launcher == "torchrun" and args and args[0] != "-m":
+        return args[0]
+    if launcher != "torchrun":
+        scripts = [a for a in args if a.endswith(".py") and not a.startswith("-")]
+        if scripts:
+            return scripts[0]
+    if modules:
+        found = module_file(modules[0])
+        if found is None:
+            return None
+        try:
+            return found.relative_to(Path.cwd()).as_posix()
+        except ValueError:
+            return str(found)
+    return None
+
+
+def trainer_text(row: dict) -> str:
+    """The row's trainer in one line: its module, or ``launcher: command line``."""
+    t = row.get("trainer") or ({"module": row["trainer_module"]} if row.get("trainer_module") else {})
+    if "command" in t:
+        return f"{t.get('launcher', 'torchrun')}: {shlex.join(t['command'])}"
+    return t.get("module", "")
 
 
 def stamp() -> dict:
@@ -153,15 +218,27 @@ def _write_json(path: Path, data) -> None:
 # ---- the suite ----------------------------------------------------------------------------------
 
 def table(results: list[dict]) -> list[dict]:
-    """The CSV's rows: COLUMNS only, lists joined with spaces, missing values empty."""
+    """The CSV's rows: COLUMNS only, lists joined with spaces, missing values (and unknown ones: steps
+    lost that could not be counted) empty; the trainer as ``trainer_text``."""
     out = []
     for r in results:
         row = {}
         for col in COLUMNS:
-            v = r.get(col)
+            v = trainer_text(r) if col == "trainer" else r.get(col)
             row[col] = " ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)
         out.append(row)
     return out
+
+
+def shown(row: dict, key: str) -> str:
+    """``steps_lost`` or ``resumed_from`` as the console and the page show it: "?" where a relaunch
+    happened but the checks could not tell (None, or no checkpoint named per relaunch), never a 0 or
+    an empty list made up; empty where there was no relaunch."""
+    v = row.get(key)
+    relaunched = (row.get("launches") or 0) > 1
+    if key == "resumed_from":
+        return ", ".join(map(str, v)) if v else ("?" if relaunched else "")
+    return str(v) if v is not None else ("?" if relaunched else "")
 
 
 def write(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool | str = True) -> Path:
@@ -174,7 +251,10 @@ def write(out: Path, suite: str, results: list[dict], wall_s: float, plots: bool
         w.writeheader()
         w.writerows(table(results))
     os.replace(tmp, out / "results.csv")
-    _write_json(out / "results.json", {**stamp(), "suite": suite, "wall_s": wall_s, "results": results})
+    # which scenarios' plots were drawn: what a later `report --no-plots --browser` expects to find
+    drawn = "failed" if plots == "failed" else "all" if plots else "none"
+    _write_json(out / "results.json", {**stamp(), "suite": suite, "wall_s": wall_s, "plots": drawn,
+                                       "results": results})
     return render(out, suite, results, wall_s, plots)
 
 
@@ -302,6 +382,42 @@ def expected_plots(results_dir: Path) -> int:
                if (Path(results_dir) / r["scenario"] / f).is_file())
 
 
+def missing_plots(results_dir: Path, drawn: bool = False) -> list[str]:
+    """One line per plot a stored suite run should have and has not, naming the scenario and the plot:
+    a plot whose drawing failed (``plot-error.txt``), or a loss plot of a run with a trajectory, a
+    timeline of a run with a history, that was not drawn. ``drawn``: the plots were drawn just now,
+    for every scenario (``ckpt-chaos report`` without ``--no-plots``); else those of the scenarios
+    the run drew (results.json's ``plots``: all, the failed ones, none) or that have a plot."""
+    from ckpt_chaos.report.plots import PLOT_ERROR, PLOTS, wanted
+
+    root = Path(results_dir)
+    data = json.loads((root / "results.json").read_text())
+    policy = "all" if drawn else data.get("plots")
+    out = []
+    for r in data["results"]:
+        run_dir = root / r["scenario"]
+        if not run_dir.is_dir():
+            continue
+        error = run_dir / PLOT_ERROR
+        lines = error.read_text().splitlines() if error.is_file() else []
+        errors = {p: line.split(": ", 1)[1] for line in lines for p in PLOTS if line.startswith(f"{p}: ")}
+        other = "; ".join(line for line in lines if line.split(": ", 1)[0] not in PLOTS)  # an older version's
+        tried = (policy == "all" or policy == "failed" and failed(r) or error.is_file()
+                 or any((run_dir / f).is_file() for f in PLOTS.values()))
+        if not tried:
+            continue
+        missing = []
+        for plot, source in wanted(run_dir).items():
+            if (run_dir / PLOTS[plot]).is_file() and plot not in errors:
+                continue
+            failure = errors.get(plot) or other
+            why = (f"drawing it failed: {failure} ({r['scenario']}/{PLOT_ERROR})" if failure
+                   else f"its run has {source}")
+            missing.append(f"{r['scenario']}: no {plot} plot ({PLOTS[plot]}): {why}")
+        out += missing or ([f"{r['scenario']}: {PLOT_ERROR}: {'; '.join(lines)}"] if lines else [])
+    return out
+
+
 def _fmt(v, digits: int = 1) -> str:
     return "" if v is None or isinstance(v, Undefined) or v != v else f"{v:.{digits}f}"
 
@@ -309,6 +425,8 @@ def _fmt(v, digits: int = 1) -> str:
 _env = Environment(autoescape=select_autoescape(default=True))
 _env.filters["fmt"] = _fmt
 # Verdicts beyond pass, fail and skipped (xfail, xpass, any a newer checker gives): ", 1 xfail".
+_env.globals["shown"] = shown
+_env.globals["trainer_text"] = trainer_text
 _env.globals["others"] = lambda counts: "".join(f", {n} {v}" for v, n in sorted(counts.items())
                                                 if v not in ("pass", "fail", "skipped") and n)
 # Self-contained: inline CSS and script, plots as SVG files next to each scenario's history. It opens
@@ -344,14 +462,16 @@ checkpoint path {{ coverage.line_percent|fmt }} % of lines, {{ coverage.branch_p
 {% for r in rows %}<tr class="{{ r.verdict }}" data-text="{{ r.scenario }} {{ r.verdict }} {{ r.families|join(' ') }} {{ r.kinds|join(' ') }} {{ r.tags|join(' ') }}">
 <td><a href="#{{ r.scenario }}">{{ r.scenario }}</a></td><td>{{ r.verdict }}</td>
 <td>{{ r.families|join(' ') }}: {{ r.kinds|join(' ') }}</td>
-<td>{{ (r.resumed_from or [])|join(', ') }}</td>
-<td class="num">{{ r.launches }}</td><td class="num">{{ r.steps_lost if r.steps_lost is not none else '' }}</td>
+<td>{{ shown(r, 'resumed_from') }}</td>
+<td class="num">{{ r.launches }}</td><td class="num">{{ shown(r, 'steps_lost') }}</td>
 <td class="num">{{ r.time_to_detect_s|fmt }}</td><td class="num">{{ r.time_to_recover_s|fmt }}</td>
 <td class="num">{{ r.save_stall_s|fmt(3) }}</td><td class="num">{{ r.wall_s|fmt }}</td></tr>
 {% endfor %}</tbody></table>
 {% for r in rows %}<section class="scenario" id="{{ r.scenario }}">
 <h2 class="{{ r.verdict }}">{{ r.scenario }}: {{ r.verdict }}</h2>
 {% if r.reason %}<p><b>{{ r.reason }}</b></p>{% endif %}
+{% if trainer_text(r) %}<p class="trainer">Trainer: <code>{{ trainer_text(r) }}</code>{% if r.trainer and r.trainer.source %}
+(<code>{{ r.trainer.source }}</code>){% endif %}</p>{% endif %}
 {% if r.failed %}<p>Diagnosis:</p><ul class="failed">{% for c in r.failed %}<li><b>{{ c.name }}</b>: {{ c.detail }}</li>{% endfor %}</ul>{% endif %}
 {% if r.plots.loss %}<img class="plot" src="{{ r.scenario }}/{{ r.plots.loss }}" alt="loss of {{ r.scenario }} against the golden run">{% endif %}
 {% if r.plots.timeline %}<img class="plot" src="{{ r.scenario }}/{{ r.plots.timeline }}" alt="timeline of {{ r.scenario }}">{% endif %}
