@@ -89,6 +89,8 @@ def command_run(run_dir: Path, files: bool = True) -> Path:
             {"t": T0 + 3.505, "launch": 0, "pid": 100, "rank": 0, "job": "chaos", "op": "open", "path": ckpt},
             {"t": T0 + 3.2, "launch": 0, "pid": 100, "rank": 0, "job": "chaos", "op": "open",
              "path": "/usr/lib/python3/x.py"},
+            {"t": T0 + 6.9, "launch": 1, "pid": 110, "rank": 0, "job": "chaos", "op": "open", "path": "checkpoints",
+             "dir": True},  # the folder listed, never closed in the log: no file of rank 0's
             {"t": T0 + 7.005, "launch": 1, "pid": 111, "rank": 1, "job": "chaos", "op": "open",
              "path": "checkpoints/step_00000004.pt"},
             {"t": T0 + 7.015, "launch": 1, "pid": 111, "rank": 1, "job": "chaos", "op": "close",
@@ -124,6 +126,7 @@ def test_a_command_run_gets_its_loss_plot_and_per_rank_timeline(tmp_path):
             "file-rank0", "file-cut-rank0", "file-rank1"} <= timeline, timeline  # files.jsonl's opens
     assert "kill rank:0" in (run_dir / "timeline.svg").read_text()
     assert not any(i.startswith("file-others") for i in timeline)  # x.py is no checkpoint file
+    assert sum(i.startswith("file-cut-rank0-") for i in timeline) == 1  # step 8's file; the folder is none
 
 
 def test_a_command_run_without_a_file_event_log_gets_its_timeline_all_the_same(tmp_path):

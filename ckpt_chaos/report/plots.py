@@ -306,6 +306,8 @@ def _timeline(run_dir: Path, history: list[Record]) -> bool:
             opened: dict[tuple, list[tuple[float, dict]]] = {}
             for f in logged:
                 x, key = f["t"] - t0, (f.get("pid"), f["path"])
+                if f["op"] in ("open", "close") and f.get("dir"):
+                    continue  # a folder listed (a resume looking for its checkpoint): no file's
                 if f["op"] == "open":
                     opened.setdefault(key, []).append((x, f))
                 elif f["op"] == "close" and opened.get(key):
