@@ -163,8 +163,10 @@ def test_a_sitecustomize_it_shadows_still_runs(tmp_path):
 
 
 def test_a_file_renamed_into_place_is_planned_under_both_names_and_by_a_trigger_glob():
+    # safetensors renames its temporary file before closing it: faultfs's done says where it was opened
     events = [{"point": "faultfs.rename", "info": {"path": "ckpt/s8/model.safetensors", "src": "ckpt/s8/.tmpAb12"}},
-              {"point": "faultfs.done", "info": {"path": "ckpt/s8/model.safetensors", "bytes": 2612}},
+              {"point": "faultfs.done", "info": {"path": "ckpt/s8/model.safetensors", "bytes": 2612,
+                                                 "opened": "ckpt/s8/.tmpAb12"}},
               {"point": "file.done", "info": {"path": "ckpt/s8/optimizer.bin", "bytes": 8831}}]
     plan = auto.planned_sizes(events)
     assert plan == {"ckpt/s8/model.safetensors": 2612, "ckpt/s8/.tmpAb12": 2612, "ckpt/s8/optimizer.bin": 8831}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 from collections import defaultdict
 
+from ckpt_chaos.probe import follow
 from ckpt_chaos.scenario import Fault, Trigger
 
 
@@ -56,7 +57,95 @@ class Generator:
                 and (t.name is None or name == t.name)
                 and (t.save is None or saves_begun == t.save)
                 and (t.min_fraction is None or info.get("fraction", 0.0) >= t.min_fraction)
-                and (t.path is None or fnmatch.fnmatch(info.get("path", ""), t.path)))
+                and (t.path is None or follow.matches(info, t.path)))  # a temporary file by its final name too
 
     def unfired(self) -> list[tuple[int, Fault]]:
         return [(i, f) for i, f in enumerate(self.faults) if i not in self.fired]
+
+
+# ---- what the fault-free run says a trigger can reach ---------------------------------------------
+
+def _reported(point: str, events: list[dict], found: list[dict]) -> list[tuple[int, list[str]]]:
+    """(rank, names) of each thing a ``point`` of a run like the fault-free one would name: for the
+    points of a written file, each file of the layer that reports it, under every name it had (a run
+    reports its writes with them, ``follow.py``); for the others, each such event's path."""
+    source = follow.WRITE.get(point) or follow.DONE.get(point)
+    if source is None:
+        return [(e.get("rank", 0), follow.names(e["info"])) for e in events
+                if e.get("point") == point and (e.get("info") or {}).get("path")]
+    shard = point.startswith("ckpt.shard.")
+    return [(f["rank"], f["names"]) for f in found if f["source"] == source
+            and (source == "faultfs" or f["names"][0].endswith(".distcp") == shard)
+            and (f["size"] > 0 or point in follow.DONE)]  # an empty file has no write
+
+
+def near_misses(t: Trigger, events: list[dict], listing: dict[str, int] | None = None) -> list[str]:
+    """Why the files of the fault-free run that ``t.path`` names are not reported by ``t.point`` under
+    that name: each reason names the file and the fix. ``listing``: the checkpoint folder as the run
+    ended (path -> size), which shows the files no layer saw written."""
+    found = follow.files(events)
+    layer = "faultfs" if t.point.startswith("faultfs.") else "file"
+    # faultfs's point for the same call, which sees every writer
+    native = "faultfs." + {"done": "done", "fsync": "fsync", "rename": "rename", "remove": "remove"}.get(
+        t.point.rsplit(".", 1)[-1], "write")
+    vocab = set(follow.plan(events)["vocab"])
+    by_name: dict[str, list[dict]] = defaultdict(list)
+    for f in found:
+        for n in f["names"]:
+            by_name[n].append(f)
+    renamed = {}  # destination -> source of the renames of the run
+    for e in events:
+        info = e.get("info") or {}
+        if e.get("point") in follow.RENAMES and info.get("src") and info.get("path"):
+            renamed.setdefault(info["path"], info["src"])
+    reasons = []
+    for y in dict.fromkeys([*by_name, *renamed, *(listing or {})]):
+        if not fnmatch.fnmatch(y, t.path):
+            continue
+        mine = [f for f in by_name.get(y, []) if f["source"] == layer]
+        if mine:
+            x = mine[0]["names"][0]
+            if x != y:
+                reasons.append(f"{y} is written under a temporary name, {x}, and renamed to {y}: {t.point} "
+                               f"reports it as {x} (aim at {follow.masked(x, vocab)!r}, or at a write point, "
+                               "which follows the renames)")
+            elif t.point not in follow.WRITE and t.point not in follow.DONE:
+                reasons.append(f"{y} is written, but the fault-free run reached no {t.point} on it")
+            continue
+        if by_name.get(y):
+            reasons.append(f"{y} is written by a native writer the layer does not see: aim at {native}"
+                           if layer == "file" else
+                           f"{y} is outside the checkpoint folder faultfs is mounted on (command.ckpt_dir): "
+                           f"aim at {t.point.replace('faultfs.', 'file.')}")
+            continue
+        src = next((s + y[len(d.rstrip("/")):] for d, s in renamed.items() if follow.moved(y, d, d) is not None),
+                   None)
+        if src is not None and src.startswith("/"):
+            reasons.append(f"{y} is staged outside the watched folders, as {src}, and renamed into place (set "
+                           'TMPDIR = "{run_dir}/tmp" in command.env and add "tmp" to command.watch)')
+        elif layer == "file":
+            reasons.append(f"{y} is written by a native writer the layer does not see: aim at {native}")
+    return list(dict.fromkeys(reasons))[:4]
+
+
+def unreached(t: Trigger, events: list[dict], listing: dict[str, int] | None = None) -> str | None:
+    """Why no ``t.point`` of the fault-free run ``events``, of ``t.rank``, names a file ``t.path``
+    matches, as the same point of a run would name it; None when one does."""
+    found = follow.files(events)
+    reported = _reported(t.point, events, found)
+    hit = [(r, n) for r, ns in reported for n in ns if fnmatch.fnmatch(n, t.path)]
+    if any(t.rank is None or r == t.rank for r, _ in hit):
+        return None
+    if hit:
+        ranks = ", ".join(str(r) for r in sorted({r for r, _ in hit}))
+        reasons = [f"{hit[0][1]} is reported by rank {ranks} only (set when.rank to it)"]
+    else:
+        reasons = near_misses(t, events, listing)
+    paths = sorted({ns[0] + (f" (renamed to {ns[-1]})" if len(ns) > 1 else "") for _, ns in reported})
+    more = f" and {len(paths) - 12} more" if len(paths) > 12 else ""
+    rank = f" of rank {t.rank}" if t.rank is not None else ""
+    return (f"no {t.point}{rank} of the fault-free run matches {t.path!r}"
+            + (f": {'; '.join(reasons)}" if reasons else "")
+            + (f"; the paths it reported: {', '.join(paths[:12])}{more}" if paths else
+               f"; it reported no {t.point} with a path")
+            + ("" if reasons else "; aim at one of them"))

@@ -1,0 +1,210 @@
+"""Following a file through the renames of the golden run (ckpt_chaos/probe/follow.py): the plan made
+of a synthetic golden probe.jsonl, the run's side that finds each file again under a new random
+name, the generator firing on the final name, and the refusal of a trigger nothing can reach (no
+processes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ckpt_chaos.probe import follow
+from ckpt_chaos.run import command
+from ckpt_chaos.run.triggers import Generator
+from ckpt_chaos.scenario import Fault, ScenarioError, Trigger, load
+
+
+def ev(point: str, rank: int = 0, **info) -> dict:
+    return {"point": point, "rank": rank, "info": info}
+
+
+def safetensors_save(step: int, tmp: str, size: int, opt_tmp: str | None = None, opt_size: int = 0) -> list[dict]:
+    """What faultfs reports of safetensors' writer saving ``model.safetensors`` (and, with ``opt_tmp``,
+    a larger ``optimizer.safetensors`` first) into ``checkpoints/step_N``: a temporary file beside it,
+    renamed into place before it is closed."""
+    d = f"checkpoints/step_{step}"
+    out = []
+    for name, t, n in ([("optimizer.safetensors", opt_tmp, opt_size)] if opt_tmp else []) + [
+            ("model.safetensors", tmp, size)]:
+        out += [ev("faultfs.write", path=f"{d}/{t}", offset=0, bytes=1 << 20)] if n > 1 << 20 else []
+        out += [ev("faultfs.rename", path=f"{d}/{name}", src=f"{d}/{t}"),
+                ev("faultfs.done", path=f"{d}/{name}", bytes=n, size=n, opened=f"{d}/{t}")]
+    return out
+
+
+# ---- the plan ---------------------------------------------------------------------------------------
+
+def test_a_temporary_file_is_planned_under_its_final_name_and_keyed_by_its_masked_name_and_ordinal():
+    events = (safetensors_save(4, ".tmpYwRTPf", 2_000_000, ".tmpAb12Cd", 5_000_000)
+              + safetensors_save(8, ".tmpQ9xZ0k", 2_000_001, ".tmp7h3JkL", 5_000_001))
+    p = follow.plan(events)
+    assert p["sizes"]["checkpoints/step_8/model.safetensors"] == 2_000_001
+    assert p["sizes"]["checkpoints/step_8/.tmpQ9xZ0k"] == 2_000_001
+    assert {"checkpoints", "step_4", "step_8", "model", "optimizer", "safetensors"} <= set(p["vocab"])
+    assert not any(w.startswith("tmp") for w in p["vocab"])  # the random names are not words to keep
+    same = p["files"]["faultfs"]["0"]["checkpoints/step_8/.*"]  # two random names, in the order written
+    assert same == [{"names": ["checkpoints/step_8/.tmp7h3JkL", "checkpoints/step_8/optimizer.safetensors"],
+                     "size": 5_000_001},
+                    {"names": ["checkpoints/step_8/.tmpQ9xZ0k", "checkpoints/step_8/model.safetensors"],
+                     "size": 2_000_001}]
+
+
+def test_a_run_finds_each_temporary_file_again_under_new_random_names_with_its_own_size():
+    golden = follow.plan(safetensors_save(8, ".tmpQ9xZ0k", 2_000_001, ".tmp7h3JkL", 5_000_001))
+    run = follow.Follower(json.loads(json.dumps(golden)))  # as planned.json carries it
+    # the optimizer's (larger) file is written first: the second temporary file is the model's, and is
+    # cut at tenths of the model's size, not of the largest file a glob would match
+    assert run.open("faultfs", 0, "checkpoints/step_8/.tmpNEW111") == (
+        5_000_001, ["checkpoints/step_8/.tmp7h3JkL", "checkpoints/step_8/optimizer.safetensors"])
+    assert run.open("faultfs", 0, "checkpoints/step_8/.tmpNEW222") == (
+        2_000_001, ["checkpoints/step_8/.tmpQ9xZ0k", "checkpoints/step_8/model.safetensors"])
+    assert run.open("faultfs", 0, "checkpoints/step_8/.tmpNEW333") == (None, [])  # the golden run had two
+    # another rank, another layer, a relaunch (which the golden run does not mirror): not these files
+    assert run.open("faultfs", 1, "checkpoints/step_8/.tmpNEW444") == (None, [])
+    assert run.open("file", 0, "checkpoints/step_8/.tmpNEW555") == (None, [])
+    assert run.open("faultfs", 0, "checkpoints/step_8/.tmpNEW666", launch=1) == (None, [])
+    # a stable name is its own key, and keeps its exact size on a relaunch too
+    assert run.open("faultfs", 0, "checkpoints/step_8/model.safetensors", launch=1) == (2_000_001, [])
+
+
+def test_a_staging_folder_renamed_into_place_takes_its_files_with_it():
+    events = [ev("file.done", path="checkpoints/.stage-1a2b3c/model.pt", bytes=300),
+              ev("file.done", path="checkpoints/.stage-1a2b3c/optim.pt", bytes=600),
+              ev("file.rename", path="checkpoints/step_8", src="checkpoints/.stage-1a2b3c")]
+    p = follow.plan(events)
+    run = follow.Follower(p)
+    assert run.open("file", 0, "checkpoints/.stage-9f8e7d/model.pt") == (
+        300, ["checkpoints/.stage-1a2b3c/model.pt", "checkpoints/step_8/model.pt"])
+    assert run.open("file", 0, "checkpoints/.stage-9f8e7d/optim.pt")[0] == 600
+
+
+def test_a_file_staged_in_tmpdir_and_moved_is_followed_and_a_reused_temporary_name_by_its_ordinal():
+    events = [ev("file.done", path="tmp/tmpk3j_x8a1", bytes=7000),  # fsspec's mkstemp in TMPDIR
+              ev("file.rename", path="checkpoints/epoch=0-step=4.ckpt", src="tmp/tmpk3j_x8a1"),
+              ev("file.done", path="tmp/tmp0p_q2zz9", bytes=7100),
+              ev("file.rename", path="checkpoints/epoch=0-step=8.ckpt", src="tmp/tmp0p_q2zz9"),
+              ev("file.done", path="ckpt/latest.tmp", bytes=10),  # one fixed temporary name, twice
+              ev("file.rename", path="ckpt/latest", src="ckpt/latest.tmp"),
+              ev("file.remove", path="ckpt/latest"),
+              ev("file.done", path="ckpt/latest.tmp", bytes=12),
+              ev("file.rename", path="ckpt/latest", src="ckpt/latest.tmp")]
+    run = follow.Follower(follow.plan(events))
+    assert run.open("file", 0, "tmp/tmpzz_9a8b7") == (7000, ["tmp/tmpk3j_x8a1", "checkpoints/epoch=0-step=4.ckpt"])
+    assert run.open("file", 0, "tmp/tmpyy_1c2d3")[1][-1] == "checkpoints/epoch=0-step=8.ckpt"
+    assert run.open("file", 0, "ckpt/latest.tmp") == (10, ["ckpt/latest"])
+    assert run.open("file", 0, "ckpt/latest.tmp") == (12, ["ckpt/latest"])
+
+
+def test_an_older_flat_plan_still_plans_by_path_and_by_glob():
+    run = follow.Follower({"ckpt/a.pt": 100, "ckpt/b*": 7})
+    assert run.open("file", 0, "ckpt/a.pt") == (100, [])
+    assert run.open("file", 0, "ckpt/b-1") == (7, [])
+
+
+def test_the_generator_fires_a_trigger_on_the_final_name_at_the_temporary_files_fraction():
+    g = Generator([Fault(kind="kill", when=Trigger(point="faultfs.write", rank=0, min_fraction=0.5,
+                                                   path="checkpoints/step_8/model.safetensors"))])
+    optimizer = {"path": "checkpoints/step_8/.tmpNEW111", "fraction": 0.5,
+                 "aliases": ["checkpoints/step_8/.tmp7h3JkL", "checkpoints/step_8/optimizer.safetensors"]}
+    model = {"path": "checkpoints/step_8/.tmpNEW222",
+             "aliases": ["checkpoints/step_8/.tmpQ9xZ0k", "checkpoints/step_8/model.safetensors"]}
+    assert g.observe({"point": "faultfs.write", "rank": 0, "info": optimizer}) == []
+    assert g.observe({"point": "faultfs.write", "rank": 0, "info": {**model, "fraction": 0.4}}) == []
+    assert [i for i, _ in g.observe({"point": "faultfs.write", "rank": 0, "info": {**model, "fraction": 0.5}})] == [0]
+
+
+# ---- the refusal before the run ----------------------------------------------------------------------
+
+SCENARIO = """
+description = "t"
+world_size = 2
+[command]
+argv = ["{{python}}", "train.py", "--ckpt-dir", "{{ckpt_dir}}"]
+launcher = "self"
+[[faults]]
+kind = "kill"
+target = "rank:0"
+when = {when}
+"""
+ARMED = ev("probe.armed", points=["file.write", "file.done", "file.fsync", "file.rename", "ckpt.stage",
+                                  "load.begin", "step.begin"])
+
+
+def refusal(tmp_path: Path, when: str, events: list[dict], listing: dict | None = None) -> str | None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(SCENARIO.format(when=when))
+    golden = tmp_path / "golden"
+    golden.mkdir(exist_ok=True)
+    (golden / command.PROBE_LOG).write_text("".join(json.dumps(e) + "\n" for e in [ARMED, *events]))
+    if listing is not None:
+        (golden / command.LISTING).write_text(json.dumps(listing))
+    try:
+        command.check_triggers(load(scenario), golden)
+    except ScenarioError as e:
+        assert "\n" not in str(e)  # one paragraph
+        return str(e)
+    return None
+
+
+ACCELERATE = [ev("ckpt.stage", name="step_8", path="checkpoints/step_8"),
+              ev("file.done", path="checkpoints/step_8/optimizer.bin", bytes=8831),
+              ev("faultfs.write", path="checkpoints/step_8/.tmpAb12Cd", offset=0, bytes=1 << 20),
+              ev("faultfs.rename", path="checkpoints/step_8/model.safetensors", src="checkpoints/step_8/.tmpAb12Cd"),
+              ev("faultfs.done", path="checkpoints/step_8/model.safetensors", bytes=1 << 21,
+                 opened="checkpoints/step_8/.tmpAb12Cd"),
+              ev("faultfs.fsync", path="checkpoints/step_8/optimizer.bin")]
+
+
+def test_a_faultfs_write_on_the_final_name_is_accepted(tmp_path):
+    when = '{ point = "faultfs.write", rank = 0, path = "checkpoints/step_8/model.safetensors", min_fraction = 0.5 }'
+    assert refusal(tmp_path, when, ACCELERATE) is None
+
+
+def test_a_file_write_on_a_native_writers_file_is_refused_saying_to_aim_at_faultfs(tmp_path):
+    without_faultfs = [e for e in ACCELERATE if not e["point"].startswith("faultfs.")]
+    when = '{ point = "file.write", rank = 0, path = "checkpoints/step_8/model.safetensors" }'
+    msg = refusal(tmp_path, when, without_faultfs, listing={"checkpoints/step_8/model.safetensors": 1 << 21,
+                                                            "checkpoints/step_8/optimizer.bin": 8831})
+    assert msg.startswith(f"{tmp_path / 's.toml'}: faults[0].when.path: no file.write of rank 0 of the "
+                          "fault-free run matches 'checkpoints/step_8/model.safetensors': "), msg
+    assert ("checkpoints/step_8/model.safetensors is written by a native writer the layer does not see: aim at "
+            "faultfs.write") in msg
+    assert "the paths it reported: checkpoints/step_8/optimizer.bin" in msg
+
+
+def test_a_file_staged_outside_the_watched_folders_is_refused_saying_to_set_tmpdir(tmp_path):
+    # Lightning through fsspec: mkstemp in /tmp, then a move; the layer sees only the rename into place
+    events = [ev("ckpt.stage", name="epoch=0-step=8.ckpt", path="checkpoints/epoch=0-step=8.ckpt"),
+              ev("file.done", path="checkpoints/hparams.yaml", bytes=10),
+              ev("file.rename", path="checkpoints/epoch=0-step=8.ckpt", src="/tmp/tmpk3j_x8a1")]
+    msg = refusal(tmp_path, '{ point = "file.write", rank = 0, path = "checkpoints/epoch=0-step=8.ckpt" }', events)
+    assert ("checkpoints/epoch=0-step=8.ckpt is staged outside the watched folders, as /tmp/tmpk3j_x8a1, and "
+            'renamed into place (set TMPDIR = "{run_dir}/tmp" in command.env and add "tmp" to command.watch)') in msg
+
+
+def test_a_point_that_does_not_follow_renames_says_the_temporary_name_it_reports(tmp_path):
+    events = [ev("file.done", path="checkpoints/step_8.pt.tmp", bytes=100),
+              ev("file.fsync", path="checkpoints/step_8.pt.tmp"),
+              ev("file.rename", path="checkpoints/step_8.pt", src="checkpoints/step_8.pt.tmp")]
+    msg = refusal(tmp_path, '{ point = "file.fsync", rank = 0, path = "checkpoints/step_8.pt" }', events)
+    assert ("checkpoints/step_8.pt is written under a temporary name, checkpoints/step_8.pt.tmp, and renamed to "
+            "checkpoints/step_8.pt: file.fsync reports it as checkpoints/step_8.pt.tmp") in msg, msg
+    # a write point follows the rename: the same path is accepted there
+    assert refusal(tmp_path, '{ point = "file.write", rank = 0, path = "checkpoints/step_8.pt" }', events) is None
+
+
+@pytest.mark.parametrize("when,expect", [
+    ('{ point = "ckpt.stage", path = "checkpoints/step_9" }',
+     "no ckpt.stage of the fault-free run matches 'checkpoints/step_9'; the paths it reported: checkpoints/step_8; "
+     "aim at one of them"),
+    ('{ point = "load.begin", path = "checkpoints/step_8" }', "'load.begin' never happened in the fault-free run"),
+    ('{ point = "file.write", rank = 1, path = "checkpoints/step_8/optimizer.bin" }',
+     "checkpoints/step_8/optimizer.bin is reported by rank 0 only (set when.rank to it)"),
+    ('{ point = "faultfs.write", path = "checkpoints/step_8/optimizer.safetensors" }',
+     "the paths it reported: checkpoints/step_8/.tmpAb12Cd (renamed to checkpoints/step_8/model.safetensors)"),
+])
+def test_every_kind_of_point_is_refused_when_the_golden_run_never_reaches_it(tmp_path, when, expect):
+    msg = refusal(tmp_path, when, ACCELERATE)
+    assert msg is not None and expect in msg, msg
