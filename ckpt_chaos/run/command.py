@@ -22,6 +22,7 @@ from filelock import FileLock
 from ckpt_chaos.check.any_trainer import EXACT
 from ckpt_chaos.check.history import read_jsonl
 from ckpt_chaos.config import golden_dir, golden_tree, refuse_golden_elsewhere
+from ckpt_chaos.env.fileevents import FileEvents
 from ckpt_chaos.env.launcher import Job, launch_command, native_crash, worker_pythonpath
 from ckpt_chaos.env.storage import FAULTFS_POINTS, Storage, StorageSpec
 from ckpt_chaos.probe import auto
@@ -62,6 +63,14 @@ def environment(s: Scenario, run_dir: Path, attempt: int, world_size: int) -> di
 
 def watched(s: Scenario, run_dir: Path) -> list[Path]:
     return [run_dir / s.command.ckpt_dir, *(Path(w) if os.path.isabs(w) else run_dir / w for w in s.command.watch)]
+
+
+def recorded(s: Scenario, run_dir: Path) -> list[Path]:
+    """The folders whose file events the fanotify recorder keeps (``files.jsonl``): the watched ones
+    and the ``TMPDIR`` the command sets, as any launch sets it."""
+    tmp = {environment(s, run_dir, a, s.world_size if a == 0 else s.resumed_world_size()).get("TMPDIR")
+           for a in range(s.recovery.max_restarts + 1)}
+    return watched(s, run_dir) + sorted(Path(t) for t in tmp if t)
 
 
 def launch(s: Scenario, run_dir: Path, attempt: int, world_size: int, controller: str,
@@ -203,13 +212,16 @@ def golden_key(s: Scenario) -> str:
 def _golden_once(s: Scenario, work: Path, timeout: float) -> tuple[int | None, list[dict]]:
     events: list[dict] = []
     with ProbeServer(lambda e: events.append(e)) as server, \
-            Storage(work, StorageSpec(faultfs=uses_faultfs(s))) as storage:
+            Storage(work, StorageSpec(faultfs=uses_faultfs(s))) as storage, \
+            FileEvents(work, recorded(s, work)) as files:  # files.jsonl stays with the golden run
         report_to(storage, s, server.address)
+        files.launch(0)
         job = launch(s, work, 0, s.world_size, server.address, all_points=True)
         try:
             rc = job.wait(timeout)
         finally:
             job.kill()
+            files.drain()
             report_to(storage, s, None)
     shutil.rmtree(work / ".storage", ignore_errors=True)
     with open(work / PROBE_LOG, "w") as f:

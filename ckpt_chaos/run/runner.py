@@ -12,6 +12,7 @@ the way out, whether the scenario passed, failed, hit its deadline or was interr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -49,6 +50,7 @@ from ckpt_chaos.probe import ENV_ATTEMPT, ENV_CONTROLLER
 from ckpt_chaos.report import trainer_coverage
 from ckpt_chaos.scenario import Scenario
 from ckpt_chaos.env.storage import Storage, remove_leftovers
+from ckpt_chaos.env.fileevents import FileEvents
 
 # torchrun's line when it begins to close a worker group (torch/distributed/elastic/multiprocessing/api.py).
 CLOSING = re.compile(r"Sending process (\d+) closing signal SIGTERM")
@@ -283,7 +285,10 @@ class ChaosRun:
             base_cfg.update(s.remote.trainer_config(self.remote.url, self.remote.endpoint))
         mode = s.recovery.relaunch
         launches = 1 if mode in ("none", "torchrun") else s.recovery.max_restarts + 1
-        with ProbeServer(self.on_event, on_error=self._harness_error) as server:
+        # files.jsonl: what each process did to a [command] trainer's files (the reference trainer reports its own)
+        with ProbeServer(self.on_event, on_error=self._harness_error) as server, \
+                (FileEvents(self.run_dir, command.recorded(s, self.run_dir)) if s.command is not None
+                 else contextlib.nullcontext()) as files:
             if s.command is not None:
                 command.report_to(self.storage, s, server.address, self.planned)
             for n in range(launches):
@@ -295,6 +300,8 @@ class ChaosRun:
                 restarts = s.recovery.max_restarts if mode == "torchrun" else 0
                 controller = server.address if s.probe else None
                 cfg = {**base_cfg, **(s.recovery.changes[n - 1] if 0 < n <= len(s.recovery.changes) else {})}
+                if files is not None:
+                    files.launch(n)
                 with self.lock:  # events of the new launch must find its job
                     if s.command is not None:
                         job = command.launch(s, self.run_dir, n, world, server.address, planned=self.planned,
@@ -326,6 +333,8 @@ class ChaosRun:
                     stop_watching.set()
                     job.kill()
                     healed = self.nemeses.heal()
+                if files is not None:
+                    files.drain()  # everything the launch's processes did is in files.jsonl before its end is
                 torn_down = getattr(job, "torn_down", [])
                 # nodes still running teardown_s after another failed: the orchestrator killed them
                 also = [TornDown(launch=n, nodes=torn_down, after_s=round(job.torn_down_after_s, 2))] if torn_down else []
