@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,14 @@ def golden(tmp_path_factory):
 
     return get
 
+
+
+@pytest.fixture(scope="session")
+def command_golden_root(tmp_path_factory) -> Path:
+    """Where [command] trainers' golden runs go, shared by every test worker of this pytest run:
+    ``golden_run`` makes each key once, under a lock, and the others wait for it."""
+    base = tmp_path_factory.getbasetemp()
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    root = base.parent / f"command-golden-{uid}" if uid else base / "command-golden"
+    root.mkdir(parents=True, exist_ok=True)
+    return root

@@ -19,8 +19,8 @@ MID_WRITE = EXAMPLE / "scenarios" / "plain-ddp-kill-rank0-mid-file-write.toml"
 
 
 @pytest.fixture(scope="module")
-def golden_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("golden")
+def golden_root(command_golden_root):
+    return command_golden_root
 
 
 def plant(tmp_path: Path, *edits: tuple[str, str]) -> Path:

@@ -27,11 +27,11 @@ LAYER_FILES = ("file.write", "file.done", "file.read", "file.fsync", "file.renam
 
 
 @pytest.fixture(scope="module")
-def stored(tmp_path_factory):
+def stored(tmp_path_factory, command_golden_root):
     """(scenario, run directory, golden directory) of one passing run."""
     tmp = tmp_path_factory.mktemp("evidence")
     s = load(MID_WRITE)
-    result = run_scenario(s, tmp / "out", tmp / "golden")
+    result = run_scenario(s, tmp / "out", command_golden_root)
     assert result.verdict == "pass", result.reason
     run_dir = next((tmp / "out").rglob("history.jsonl")).parent
     return s, run_dir, (run_dir / "golden").resolve()

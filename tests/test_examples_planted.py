@@ -23,8 +23,8 @@ EXAMPLES = REPO / "examples"
 
 
 @pytest.fixture(scope="module")
-def golden_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("golden")
+def golden_root(command_golden_root):
+    return command_golden_root
 
 
 def plant(tmp_path: Path, example: str, *edits: tuple[str, str]) -> Path:

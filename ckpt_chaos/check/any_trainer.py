@@ -120,23 +120,40 @@ def _resume(run: Run, ev: Evidence, report: Report, launch: int) -> None:
         report.add("no_torn_read", "unknown", at=launch, detail=f"launch {launch - 1} left "
                    f"{', '.join(sorted(torn)[:4])} torn or incomplete, and which files launch {launch} read is not "
                    f"known: {r.missing}")
+    report.resumed_from.append(r.label())
+    want = run.s.expect.resume_from
+    if want is not None and len(report.resumed_from) == 1:
+        # the name as the scenario gives it: the checkpoint's entry, with or without the folder
+        name = r.checkpoint.split("/", 1)[-1] if r.checkpoint and r.checkpoint.startswith(ev.ckpt + "/") else r.checkpoint
+        report.add("resume_from", "unknown" if not r.decided else name == want or r.checkpoint == want,
+                   r.missing if not r.decided else f"launch {launch} resumed from {r.checkpoint or 'scratch'}"
+                   + ("" if name == want or r.checkpoint == want else f", expected {want}"))
+    _lost_work(run, report, launch, lost)
+
+
+def _lost_work(run: Run, report: Report, launch: int, lost: str | None) -> None:
+    """Steps trained again by the launch: the furthest step any launch before it reached against the
+    step it began at. A launch that trained no step (killed during its load) is measured by the next
+    launch that trained, against the same furthest step."""
     every = run.s.command.save_every
-    reached = _trained(run, launch - 1)
+    reached = [s for n in run.launches() if n < launch for s in _trained(run, n)]
     started = _trained(run, launch)
     if every is None:
         report.add("lost_work", "n/a", at=launch, detail="command.save_every is not given")
-    elif reached and started:
+    elif not started and any(_trained(run, n) for n in run.launches() if n > launch):
+        return
+    elif not started:
+        report.add("lost_work", "unknown", at=launch, detail=f"launch {launch} began no step, nor did any after it, "
+                   "so how much it would have trained again is not known")
+    elif not reached:
+        report.add("lost_work", True, at=launch, detail=f"no launch before it trained a step, so it lost none; it "
+                   f"began at step {started[0]}")
+    else:
         lost_steps = max(reached) - (started[0] - 1)
         report.steps_lost = (report.steps_lost or 0) + max(0, lost_steps)
         report.add("lost_work", lost_steps <= every, at=launch, detail=f"{lost_steps} step(s) trained again, at "
                    f"most {every} allowed" + ("" if lost_steps <= every else f": it went back to step "
                                              f"{started[0] - 1} from {max(reached)}" + (f"; {lost}" if lost else "")))
-    elif not started:
-        report.add("lost_work", "unknown", at=launch, detail=f"launch {launch} began no step: it failed before "
-                   "its first, so how much it would have trained again is not known")
-    else:
-        report.add("lost_work", "unknown", at=launch, detail=f"launch {launch - 1} ended no step before it ended")
-    report.resumed_from.append(r.label())
 
 
 def _within(path: str, entry: str) -> bool:

@@ -186,7 +186,7 @@ class Evidence:
                 weight[ckpt] = (n + (r.size if r.size is not None else size.get(r.path, 0)), r.t)
             ckpt = max(weight, key=lambda c: weight[c])
             sources = " and ".join(sorted({r.source for r in reads}))
-            return Resume(launch, True, ckpt, f"the files it opened ({sources}): {', '.join(files[:6])}"
+            return Resume(launch, True, ckpt, f"{sources} saw it open {', '.join(files[:6])}"
                           + (" ..." if len(files) > 6 else ""), first, files)
         watched, why = self.fanotify(launch)
         if watched:

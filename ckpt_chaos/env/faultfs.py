@@ -15,13 +15,17 @@ sees every call a trainer makes whatever the call's flavour (``openat``, ``renam
   each call waits for its answer, so a fault lands at a precise point of a writer Python cannot
   see. A write crossing a tenth of the file's planned size (its size in the fault-free run) is
   split there: the bytes before go to disk, then ``faultfs.write`` is reported with the fraction,
-  and a writer killed meanwhile writes nothing more.
+  and a writer killed meanwhile writes nothing more. A file written under a temporary name is
+  planned at the size of the file it becomes in the fault-free run, and its points carry that
+  file's names (``aliases``; ``ckpt_chaos/probe/follow.py``).
 * **Lost un-fsynced data** (as Jepsen's LazyFS, with directory semantics as ALICE's model):
   with ``lazy`` on, the layer remembers what is durable. File data is durable once the file is
   fsynced; a create, mkdir, unlink, rmdir or rename is durable once its directory is fsynced (a
   rename once either of its directories is). ``crash`` turns the file system into the state a
   power cut would leave: un-fsynced data is dropped (a file reverts to its last fsynced content,
-  a never-fsynced file is empty) and un-persisted namespace operations are undone, newest first.
+  a never-fsynced file is empty) and un-persisted namespace operations are undone, newest first
+  (mode ``undo``), or all kept (mode ``entries-kept``: what ext4 often leaves, a file under its
+  new name with only its fsynced bytes).
 
 Run as ``python -m ckpt_chaos.env.faultfs BACKING MOUNTPOINT CONTROL_SOCKET FSNAME`` (``@name``: an
 abstract socket). ``BACKING/data``
@@ -46,8 +50,8 @@ from dataclasses import dataclass, field
 from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
 
 from ckpt_chaos.env.launcher import kill_pending
-from ckpt_chaos.env.storage import FAULTFS_POINTS, socket_address
-from ckpt_chaos.probe.auto import planned_size
+from ckpt_chaos.env.storage import FAULTFS_POINTS, POWER_LOSS_MODES, socket_address
+from ckpt_chaos.probe import follow
 
 # Call names a rule may use, and the FUSE operations each covers.
 CALLS = {
@@ -117,6 +121,11 @@ def _environ(pid: int) -> dict[str, str] | None:
     return dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw.split(b"\0") if b"=" in kv)
 
 
+def _rank(env: dict[str, str]) -> int:
+    rank = env.get("RANK", env.get("LOCAL_RANK", "0"))
+    return int(rank) if rank.isdigit() else 0
+
+
 def _alive(pid: int) -> bool:
     """Neither dead nor dying: a process held here does not die of a SIGKILL before the answer, but
     the call it is held in must not happen."""
@@ -133,10 +142,10 @@ class Reporter:
 
     MIB = 1 << 20  # without a plan, a write is reported at each MiB it crosses
 
-    def __init__(self, controller: str, points, planned: dict[str, int] | None, prefix: str):
+    def __init__(self, controller: str, points, planned: dict | None, prefix: str):
         self.controller = controller
         self.points = frozenset(points)
-        self.planned = planned or {}
+        self.follow = follow.Follower(planned)  # the golden run's file of each file written (probe/follow.py)
         self.prefix = prefix.strip("/")
         self._lock = threading.Lock()
         self._file = None
@@ -148,9 +157,19 @@ class Reporter:
         """A path inside the mount as the probe layer names it: relative to the run directory."""
         return f"{self.prefix}/{path.lstrip('/')}" if self.prefix else path.lstrip("/")
 
-    def cuts(self, path: str, offset: int, size: int) -> list[tuple[int, float | None]]:
-        """Where a write of ``size`` bytes at ``offset`` is reported: (file offset, fraction of the plan)."""
-        planned = planned_size(self.planned, self.path(path))
+    def begin(self, tid: int, path: str) -> tuple[int | None, list[str]]:
+        """A handle's first write, under ``path`` (inside the mount): the file's planned size and its
+        other names in the golden run (``follow.Follower.open``; a process not of the job counts not)."""
+        job = self._job(tid)
+        if job is None:
+            return follow.planned_size(self.follow.sizes, self.path(path)), []
+        env = job[1]
+        launch = int(env.get("CKPT_CHAOS_ATTEMPT", "0") or 0) + int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        return self.follow.open("faultfs", _rank(env), self.path(path), launch)
+
+    def cuts(self, planned: int | None, offset: int, size: int) -> list[tuple[int, float | None]]:
+        """Where a write of ``size`` bytes at ``offset`` to a file of ``planned`` bytes is reported:
+        (file offset, fraction of the plan)."""
         if planned:
             tenths = [-(-k * planned // 10) for k in range(1, 10)]
             return [(b, b / planned) for b in tenths if offset < b <= offset + size]
@@ -161,14 +180,11 @@ class Reporter:
         EIO where it says so, EINTR where the caller died meanwhile (the call must not happen)."""
         if point not in self.points:
             return
-        pid = _tgid(tid)
-        if pid not in self._env:
-            self._env[pid] = _environ(pid)
-        env = self._env[pid]
-        if not env or not env.get("CKPT_CHAOS_CONTROLLER"):
+        job = self._job(tid)
+        if job is None:
             return  # not a process of the job (the harness, a shell looking around)
-        rank = env.get("RANK", env.get("LOCAL_RANK", "0"))
-        answer = self._send({"rank": int(rank) if rank.isdigit() else 0, "role": env.get("CKPT_CHAOS_ROLE", "rank"),
+        pid, env = job
+        answer = self._send({"rank": _rank(env), "role": env.get("CKPT_CHAOS_ROLE", "rank"),
                              "pid": pid, "attempt": int(env.get("CKPT_CHAOS_ATTEMPT", "0") or 0),
                              "restart": int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0), "point": point,
                              "t": time.time(), "info": {**info, "source": "faultfs"}})
@@ -176,6 +192,17 @@ class Reporter:
             raise FuseOSError(errno.EINTR)
         if answer and answer.get("do") == "raise":
             raise FuseOSError(errno.EIO)
+
+    def _job(self, tid: int) -> tuple[int, dict[str, str]] | None:
+        """The calling process and its environment, when it is one of the job's (the controller's
+        address in its environment)."""
+        pid = _tgid(tid)
+        if pid not in self._env:
+            self._env[pid] = _environ(pid)
+        env = self._env[pid]
+        if not env or not env.get("CKPT_CHAOS_CONTROLLER"):
+            return None
+        return pid, env
 
     def _send(self, msg: dict) -> dict | None:
         with self._lock:
@@ -221,10 +248,14 @@ class FaultFS(Operations):
         self.lazy = False
         self.dirty: dict[int, str | None] = {}  # inode -> copy of its durable content (None: empty)
         self.ops: list[_NsOp] = []  # un-persisted namespace operations, oldest first
+        self.synced_files: set[int] = set()  # inodes fsynced since tracking began (for the crash's account)
+        self.synced_dirs: set[int] = set()  # directory inodes fsynced since tracking began
         self.bandwidth_free_at = 0.0
         self.serial = 0
         self.reporter: Reporter | None = None
-        self.writing: dict[int, list] = {}  # handle -> [a write failed, end of the bytes written] (for done)
+        # handle -> [a write failed, end of the bytes written, planned size, the file's names in the golden
+        # run, the path of its first write] (for done)
+        self.writing: dict[int, list] = {}
         self.harness = os.getppid()  # the harness started this daemon
 
     # ---- rules --------------------------------------------------------------------------------
@@ -280,10 +311,11 @@ class FaultFS(Operations):
             self.rules[rid] = rule
         return rid
 
-    def report(self, controller: str | None, points=FAULTFS_POINTS, planned: dict[str, int] | None = None,
+    def report(self, controller: str | None, points=FAULTFS_POINTS, planned: dict | None = None,
                prefix: str = "") -> None:
-        """Report the job's calls to ``controller`` (None: stop); ``planned``: file sizes, by path
-        relative to the run directory, that writes are cut at tenths of; ``prefix``: this mount's
+        """Report the job's calls to ``controller`` (None: stop); ``planned``: the golden run's files
+        (``follow.plan``, or sizes by path relative to the run directory), that writes are cut at
+        tenths of; ``prefix``: this mount's
         path relative to the run directory."""
         old, self.reporter = self.reporter, (Reporter(controller, points, planned, prefix) if controller else None)
         if old is not None:
@@ -379,14 +411,20 @@ class FaultFS(Operations):
         r = self.reporter
         done = 0
         if r is not None:
-            state = self.writing.setdefault(fh, [False, 0])
             tid = fuse_get_context()[2]
-            for at, fraction in r.cuts(path, offset, len(data)):
+            state = self.writing.get(fh)
+            if state is None:
+                with self._mutex:  # two threads' first writes to one handle: one file, counted once
+                    state = self.writing.get(fh)
+                    if state is None:
+                        state = self.writing[fh] = [False, 0, *r.begin(tid, path), r.path(path)]
+            for at, fraction in r.cuts(state[2], offset, len(data)):
                 done += self._pwrite(path, data[done:at - offset], offset + done, fh)
                 state[1] = max(state[1], at)
                 try:
                     r.hold("faultfs.write", tid, path=r.path(path), offset=offset, bytes=at,
-                           **({"fraction": round(fraction, 4)} if fraction is not None else {}))
+                           **({"fraction": round(fraction, 4)} if fraction is not None else {}),
+                           **({"aliases": state[3]} if state[3] else {}))
                 except FuseOSError:
                     state[0] = True
                     raise
@@ -414,8 +452,11 @@ class FaultFS(Operations):
         r = self.reporter
         if state is not None and r is not None:
             # bytes: how far it wrote (a writer may size the file first: size says that)
+            # opened: where its first write was, when a rename moved it since (safetensors renames first)
             self._hold("faultfs.done", path=r.path(path), bytes=state[1], size=os.fstat(fh).st_size,
-                       **({"failed": True} if state[0] else {}))
+                       **({"failed": True} if state[0] else {}),
+                       **({"opened": state[4]} if state[4] != r.path(path) else {}),
+                       **({"aliases": state[3]} if state[3] else {}))
         return 0
 
     def release(self, path, fh):
@@ -429,9 +470,12 @@ class FaultFS(Operations):
             self._hold("faultfs.fsync", path=self.reporter.path(path))
         os.fsync(fh)
         with self._mutex:
-            copy = self.dirty.pop(os.fstat(fh).st_ino, None)
+            ino = os.fstat(fh).st_ino
+            copy = self.dirty.pop(ino, None)
             if copy:
                 os.unlink(copy)
+            if self.lazy:
+                self.synced_files.add(ino)
         return 0
 
     def fsyncdir(self, path, datasync, fh):
@@ -443,7 +487,10 @@ class FaultFS(Operations):
         finally:
             os.close(fd)
         with self._mutex:
-            self._persist_dir(self._ino(full))
+            ino = self._ino(full)
+            self._persist_dir(ino)
+            if self.lazy:
+                self.synced_dirs.add(ino)
         return 0
 
     def _persist_dir(self, dir_ino: int) -> None:
@@ -530,33 +577,77 @@ class FaultFS(Operations):
             if on and not self.lazy:
                 self.dirty.clear()
                 self.ops.clear()
+                self.synced_files.clear()
+                self.synced_dirs.clear()
             self.lazy = on
 
-    def crash(self) -> dict:
-        """Become what a power cut would leave: drop un-fsynced data, undo un-persisted namespace ops."""
+    def crash(self, mode: str = "undo") -> dict:
+        """Become what a power cut would leave. Either way un-fsynced data is dropped: a file reverts
+        to its last fsynced content (a never-fsynced file is empty, one appended to is short).
+        ``mode`` (``POWER_LOSS_MODES``) says what becomes of the namespace operations (create, mkdir,
+        unlink, rmdir, rename) that no directory fsync made durable: ``undo`` undoes them, newest
+        first (the worst POSIX allows); ``entries-kept`` keeps every one, as a crash on ext4 often
+        leaves it (the journal committed the entries, delayed allocation had not written the data: a
+        file renamed into place without an fsync is there under its new name, empty or short).
+
+        Returns the account, paths relative to the mount: ``data_lost``, each file whose un-fsynced
+        writes were dropped (``path``, where it was at the crash, or the name a pending unlink or
+        rename took from it; ``size_before``; ``size_after``; ``ever_fsynced``), ``entries_undone``
+        and ``entries_kept`` (``op``; ``path``, for a rename its new name; ``src``, a rename's old
+        name; ``folder_ever_fsynced``: its folder had been fsynced, only before it), and, as flat
+        lists, ``truncated`` and ``restored`` paths and ``undone`` ("rename A -> B", "create C")."""
+        if mode not in POWER_LOSS_MODES:
+            raise ValueError(f"unknown power-loss mode {mode!r}; allowed: {', '.join(POWER_LOSS_MODES)}")
         with self._mutex:
             dirs, files = _index(self.data)
-            truncated, restored = [], []
+
+            def rel(path: str) -> str:
+                return os.path.relpath(path, self.data)
+
+            # entries a pending unlink, or a rename over them, keeps aside: by the name they had
+            aside = {op.grave: (op.dir_ino, op.name) if op.kind == "unlink" else (op.dst_dir_ino, op.dst_name)
+                     for op in self.ops if op.grave}
+            truncated, restored, data_lost = [], [], []
             for ino, copy in self.dirty.items():
-                path = files.get(ino) or _find_in(self.keep, ino)
+                path = files.get(ino)
                 if path is None:
-                    continue
+                    path = _find_in(self.keep, ino)
+                    if path is None or mode == "entries-kept":
+                        continue  # kept aside by an unlink or a rename over it, which stays done: it is gone
+                    parent, name = aside.get(path, (None, os.path.basename(path)))
+                    named = os.path.normpath(os.path.join(rel(dirs[parent]), name)) if parent in dirs else name
+                else:
+                    named = rel(path)
+                before = os.lstat(path).st_size
                 if copy is None:
                     os.truncate(path, 0)
-                    truncated.append(os.path.relpath(path, self.data))
+                    truncated.append(named)
                 else:
                     shutil.copyfile(copy, path)
                     os.unlink(copy)
-                    restored.append(os.path.relpath(path, self.data))
+                    restored.append(named)
+                data_lost.append({"path": named, "size_before": before, "size_after": os.lstat(path).st_size,
+                                  "ever_fsynced": ino in self.synced_files})
             self.dirty.clear()
-            undone = []
+            undone, entries_undone, entries_kept = [], [], []
             renumbered: dict[int, int] = {}  # a directory re-created by an undo has a new inode
 
             def where(ino: int) -> str | None:
                 ino = renumbered.get(ino, ino)
                 return dirs.get(ino)
 
-            for op in reversed(self.ops):
+            def entry(op: _NsOp, path: str, src: str | None = None) -> dict:
+                return {"op": op.kind, "path": path, **({"src": src} if src is not None else {}),
+                        "folder_ever_fsynced": bool({op.dir_ino, op.dst_dir_ino} & self.synced_dirs)}
+
+            def at(dir_ino: int, name: str) -> str:
+                parent = where(dir_ino)
+                return os.path.normpath(os.path.join(rel(parent), name)) if parent else name
+
+            if mode == "entries-kept":
+                entries_kept = [entry(op, at(op.dst_dir_ino, op.dst_name), at(op.dir_ino, op.name))
+                                if op.kind == "rename" else entry(op, at(op.dir_ino, op.name)) for op in self.ops]
+            for op in reversed(self.ops if mode == "undo" else []):
                 parent = where(op.dir_ino)
                 if parent is None:
                     continue
@@ -565,10 +656,12 @@ class FaultFS(Operations):
                     if os.path.lexists(here) and os.lstat(here).st_ino == op.ino:
                         _remove(here)
                         undone.append(f"{op.kind} {os.path.relpath(here, self.data)}")
+                        entries_undone.append(entry(op, rel(here)))
                 elif op.kind == "unlink":
                     if os.path.lexists(op.grave):
                         os.rename(op.grave, here)
                         undone.append(f"unlink {os.path.relpath(here, self.data)}")
+                        entries_undone.append(entry(op, rel(here)))
                 elif op.kind == "rmdir":
                     if os.path.lexists(here):
                         continue
@@ -576,6 +669,7 @@ class FaultFS(Operations):
                     renumbered[op.ino] = os.lstat(here).st_ino
                     dirs[renumbered[op.ino]] = here
                     undone.append(f"rmdir {os.path.relpath(here, self.data)}")
+                    entries_undone.append(entry(op, rel(here)))
                 elif op.kind == "rename":
                     dst_parent = where(op.dst_dir_ino)
                     if dst_parent is None:
@@ -588,11 +682,14 @@ class FaultFS(Operations):
                         os.rename(op.grave, there)
                     undone.append(f"rename {os.path.relpath(here, self.data)} -> "
                                   f"{os.path.relpath(there, self.data)}")
+                    entries_undone.append(entry(op, rel(there), rel(here)))
                     dirs, _ = _index(self.data)  # a directory may have moved
             self.ops.clear()
             for name in os.listdir(self.keep):
                 _remove(os.path.join(self.keep, name))
-            return {"truncated": sorted(truncated), "restored": sorted(restored), "undone": undone}
+            return {"mode": mode, "truncated": sorted(truncated), "restored": sorted(restored), "undone": undone,
+                    "data_lost": sorted(data_lost, key=lambda d: d["path"]), "entries_undone": entries_undone,
+                    "entries_kept": entries_kept}
 
     def status(self) -> dict:
         with self._mutex:
@@ -658,7 +755,7 @@ def _client(fs: FaultFS, conn: socket.socket) -> None:
                     fs.set_lazy(bool(req["on"]))
                     out = {}
                 elif cmd == "crash":
-                    out = fs.crash()
+                    out = fs.crash(req.get("mode", "undo"))
                 elif cmd == "status":
                     out = fs.status()
                 elif cmd == "report":

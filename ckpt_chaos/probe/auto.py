@@ -26,6 +26,9 @@ for the reference trainer):
 A write is cut at every tenth of the file's planned size (the size of the same file in the golden
 run, ``CKPT_CHAOS_PLANNED``), flushed, and reported there: a fault at ``min_fraction = 0.5`` finds
 exactly half of the file's bytes on disk. Without a planned size, a write is reported every MiB.
+The same file in the golden run is found through its renames (``probe/follow.py``): a temporary
+file is planned at the size of the file it becomes, and its points carry that file's names
+(``aliases``), so a trigger on the final name fires on the temporary file's writes.
 
 Each process says which patches took (``probe.armed``, sent before its first point and again when
 an import arms more), so the harness can tell a point that cannot fire from one that did not.
@@ -41,7 +44,6 @@ from __future__ import annotations
 
 import builtins
 import collections
-import fnmatch
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -51,12 +53,14 @@ import os
 import shutil
 import sys
 import threading
+import time
 
 from ckpt_chaos import probe
+from ckpt_chaos.probe import follow
 
 ENV_DIRS = "CKPT_CHAOS_AUTO_DIRS"  # os.pathsep-separated directories whose files are watched
 ENV_RUN_DIR = "CKPT_CHAOS_RUN_DIR"  # where the recorder writes (the harness's run directory)
-ENV_PLANNED = "CKPT_CHAOS_PLANNED"  # JSON file: {path relative to the run directory: bytes in the golden run}
+ENV_PLANNED = "CKPT_CHAOS_PLANNED"  # JSON file: the golden run's files, sizes and keys (follow.plan)
 ENV_DIGEST_EVERY = "CKPT_CHAOS_DIGEST_EVERY"  # state digests every N steps (0: at exit only)
 # Which of the per-step points go to the controller: "all" (unset), or those a fault's trigger names
 # (comma-separated, may be empty). Each is a round trip on every step, which a short step feels; the
@@ -70,8 +74,8 @@ WHOLE = 4096  # a first write at least this long, to a file with no planned size
 
 # The points this layer can fire, by the patch that fires them.
 PATCH_POINTS = {
-    "files": ("file.write", "file.done", "file.fsync", "file.rename", "file.remove", "file.rmtree", "file.copy",
-              "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata"),
+    "files": ("file.write", "file.done", "file.read", "file.fsync", "file.rename", "file.remove", "file.rmtree",
+              "file.copy", "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata"),
     "torch.optim": ("step.begin", "step.end"),
     "torch.autograd": ("microstep.end",),
     "torch.save": ("ckpt.stage", "file.write", "file.done"),
@@ -92,7 +96,7 @@ class _State:
         self.installed = False
         self.dirs: tuple[str, ...] = ()
         self.run_dir = ""
-        self.planned: dict[str, int] = {}
+        self.follow = follow.Follower()  # the golden run's file of each file written (probe/follow.py)
         self.digest_every = 0
         self.rank: int | None = None
         self.rank_pid = 0
@@ -115,6 +119,7 @@ class _State:
         self.attempt = 0  # the launch, as the probe counts it (a harness relaunch or a torchrun restart)
         self.pre_digest = True  # digest the state before the next step: the first of a process, or after a save
         self.pre: dict = {}
+        self.folders: tuple | None = None  # the watched folders' entries at the last step
 
 
 _s = _State()
@@ -191,7 +196,10 @@ class _Watched(io.RawIOBase):
         self._raw, self.rel, self.via = raw, rel, via
         self.written = 0
         self.failed = None  # the error a write met: the file is torn, whoever closes it
-        self.planned = planned_size(_s.planned, rel)
+        # its size and names in the golden run, where the file it is there is known (a temporary name
+        # followed to the one it was renamed to)
+        rank = probe._rank()
+        self.planned, self.aliases = _s.follow.open("file", 0 if rank is None else rank, rel, _s.attempt)
         self._write_point, self._done_point = _kind(rel)
         self._next = self._boundary(0)
         _s.fds[raw.fileno()] = rel
@@ -244,7 +252,8 @@ class _Watched(io.RawIOBase):
             self.written += take
             if self.written >= self._next:
                 self._raw.flush()
-                info = {"path": self.rel, "bytes": self.written, "via": self.via}
+                info = {"path": self.rel, "bytes": self.written, "via": self.via,
+                        **({"aliases": self.aliases} if self.aliases else {})}
                 if self.planned:
                     info["fraction"] = round(min(1.0, self.written / self.planned), 4)
                 _point(self._write_point, **info)
@@ -259,7 +268,8 @@ class _Watched(io.RawIOBase):
         finally:
             _s.fds.pop(self._raw.fileno(), None)
             self._raw.close()
-        info = {"path": self.rel, "bytes": self.written, "via": self.via}
+        info = {"path": self.rel, "bytes": self.written, "via": self.via,
+                **({"aliases": self.aliases} if self.aliases else {})}
         if self.failed:
             info["failed"] = self.failed
         _point(self._done_point, **info)
@@ -270,7 +280,10 @@ def _open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None
     writes = isinstance(mode, str) and any(c in mode for c in "wax") and "+" not in mode
     rel = _watched(file) if writes and not _quiet() else None
     if rel is None:
-        return _orig["io.open"](file, mode, buffering, encoding, errors, newline, closefd, opener)
+        f = _orig["io.open"](file, mode, buffering, encoding, errors, newline, closefd, opener)
+        if not writes and not _quiet() and isinstance(mode, str) and "+" not in mode:
+            _read(file, f)
+        return f
     binary = "b" in mode
     raw = _orig["io.open"](file, mode if binary else mode + "b", 0, None, None, None, closefd, opener)
     stream = _Watched(raw, rel, "open")
@@ -281,6 +294,19 @@ def _open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None
         return buffered
     return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, newline=newline,
                             line_buffering=buffering == 1)
+
+
+def _read(file, f) -> None:
+    """A checkpoint file opened to be read (``json.load``, ``pickle``, ``np.load``): what a resume
+    read, whatever library it read with, where no load of a known framework says so."""
+    rel = _watched(file)
+    if rel is None:
+        return
+    try:
+        size = os.fstat(f.fileno()).st_size
+    except (OSError, ValueError, AttributeError):
+        size = None
+    _point("file.read", path=rel, size=size)
 
 
 def _path_of_fd(fd) -> str | None:
@@ -636,12 +662,33 @@ def _before_step(opt, args, kwargs) -> None:
         done = _s.step_of.get(id(opt), 0)
     if _rank() == 0 and _s.run_dir:
         # What the diagnosis compares after a resume: the state the step starts from (after a load,
-        # the loaded one) against the golden run's before the same step (after its save).
+        # the loaded one) against the golden run's before the same step (after its save). A save
+        # no patch recognises (a native writer) still changes the checkpoint folders; digest_every
+        # takes the whole state, RNG included, so a divergence narrows for any trainer.
+        if _folders_changed() or (_s.digest_every and done % _s.digest_every == 0):
+            _s.pre_digest = True
         if _s.pre_digest:
             _s.pre = {**_rng_digests(), **{f"pre_{k}": v for k, v in digests(opt).items()}}
             _s.pre_digest = False
     if "step.begin" in _s.step_points:
         _point("step.begin", step=done + 1)
+
+
+def _folders_changed() -> bool:
+    """Whether an entry of a watched folder, or of a folder in it, appeared, went or changed since
+    the last step: a save happened, whoever wrote it. A few stat calls a step."""
+    sig = []
+    for d in _s.dirs:
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    st = e.stat(follow_symlinks=False)
+                    sig.append((e.path, st.st_mtime_ns, st.st_size))
+        except OSError:
+            sig.append((d, None, None))
+    sig = tuple(sorted(sig))
+    changed, _s.folders = _s.folders is not None and sig != _s.folders, sig
+    return changed
 
 
 def _after_step(opt, args, kwargs) -> None:
@@ -652,7 +699,7 @@ def _after_step(opt, args, kwargs) -> None:
         step = _s.step_of.get(id(opt), 0) + 1
     _s.step_of[id(opt)] = step
     if _rank() == 0 and _s.run_dir:
-        rec = {"step": step, "attempt": _s.attempt, "loss_hex": ",".join(_s.losses),
+        rec = {"step": step, "attempt": _s.attempt, "t": time.time(), "loss_hex": ",".join(_s.losses),
                "lr_hex": float(opt.param_groups[0]["lr"]).hex()}
         if _s.samples:
             rec["samples"] = _s.samples
@@ -774,7 +821,7 @@ def install() -> None:
     planned = os.environ.get(ENV_PLANNED)
     if planned and os.path.isfile(planned):
         with _orig["open"](planned) as f:
-            _s.planned = {k: int(v) for k, v in json.load(f).items()}
+            _s.follow = follow.Follower(json.load(f))
     _patch_files()
     for name, then in _AFTER_IMPORT.items():
         if name in sys.modules:
@@ -806,26 +853,9 @@ def environment(controller: str, run_dir, watch, planned=None, digest_every: int
 
 
 def planned_sizes(events) -> dict[str, int]:
-    """File sizes from a run's ``file.done`` / ``ckpt.shard.done`` events: the plan of the next run.
-    A file renamed into place (a temporary name, then the final one) gets the size of what it became."""
-    sizes, renamed = {}, {}
-    for e in events:
-        info = e.get("info", {})
-        if e.get("point") in ("file.done", "ckpt.shard.done", "faultfs.done"):
-            sizes[info["path"]] = max(sizes.get(info["path"], 0), int(info["bytes"]))
-        elif e.get("point") in ("file.rename", "faultfs.rename") and info.get("src"):
-            renamed[info["src"]] = info["path"]
-    for src, dst in renamed.items():
-        if src not in sizes and dst in sizes:
-            sizes[src] = sizes[dst]
-    return sizes
+    """File sizes from a run's ``file.done`` / ``ckpt.shard.done`` / ``faultfs.done`` events, under each
+    name a file had (a temporary name, then the one it was renamed to): ``follow.plan``'s ``sizes``."""
+    return follow.plan(events)["sizes"]
 
 
-def planned_size(planned: dict[str, int], path: str) -> int | None:
-    """A file's planned size: by its path, else by a glob key (a trigger's ``when.path``, for files
-    whose names change from run to run, such as a writer's random temporary name)."""
-    size = planned.get(path)
-    if size is None:
-        size = next((v for k, v in planned.items() if any(c in k for c in "*?[") and fnmatch.fnmatch(path, k)),
-                    None)
-    return size
+planned_size = follow.planned_size  # by exact path, else by a glob key that matches it

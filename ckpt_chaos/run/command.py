@@ -4,7 +4,6 @@ not deterministic), and the check that every trigger names a point the golden ru
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import hashlib
 import importlib.metadata
@@ -25,12 +24,14 @@ from ckpt_chaos.config import golden_dir, golden_tree, refuse_golden_elsewhere
 from ckpt_chaos.env.fileevents import FileEvents
 from ckpt_chaos.env.launcher import Job, launch_command, native_crash, worker_pythonpath
 from ckpt_chaos.env.storage import FAULTFS_POINTS, Storage, StorageSpec
-from ckpt_chaos.probe import auto
+from ckpt_chaos.probe import auto, follow
+from ckpt_chaos.run import triggers
 from ckpt_chaos.run.controller import ProbeServer
 from ckpt_chaos.scenario import Scenario, ScenarioError
 
 PROBE_LOG = "probe.jsonl"  # the golden run's probe events, one per line
 PLANNED = "planned.json"
+LISTING = "files.json"  # the golden run's checkpoint folder as it ended: path -> size
 WRITTEN = {"file.write": "file.done", "ckpt.shard.write": "ckpt.shard.done", "faultfs.write": "faultfs.done"}  # the golden run's file sizes: the plan of a chaos run's file.write fractions
 
 
@@ -104,17 +105,11 @@ def report_to(storage: Storage, s: Scenario, controller: str | None, planned: Pa
 
 
 def plan(s: Scenario, golden: Path, run_dir: Path) -> Path:
-    """The chaos run's file sizes: the golden run's, and for each write trigger whose path glob names
-    no file of the golden run exactly (a temporary name that changes from run to run), the size of
-    the largest golden file it matches, under the glob."""
-    planned = json.loads((golden / PLANNED).read_text())
-    for f in s.faults:
-        if f.when.path and f.when.point in WRITTEN and f.when.path not in planned:
-            sizes = [v for k, v in planned.items() if fnmatch.fnmatch(k, f.when.path)]
-            if sizes:
-                planned[f.when.path] = max(sizes)
+    """The chaos run's plan: the golden run's files, each with its size, its names through the renames
+    and a key that finds it again under a random temporary name (``follow.plan``). A write is cut at
+    tenths of its own file's size, whatever a trigger's glob also matches."""
     out = run_dir / PLANNED
-    out.write_text(json.dumps(planned))
+    out.write_text((golden / PLANNED).read_text())
     return out
 
 
@@ -184,6 +179,20 @@ def pointer(s: Scenario, run_dir: Path) -> dict | None:
     return {**out, "checkpoint": str(target.relative_to(root))}
 
 
+def listing(s: Scenario, run_dir: Path) -> dict[str, int]:
+    """Every file in the checkpoint folder, path relative to the run directory -> size: what a
+    relaunch will find, for the checks that compare it with the golden run's files."""
+    out = {}
+    for dirpath, _, names in os.walk(run_dir / s.command.ckpt_dir):
+        for n in names:
+            p = Path(dirpath) / n
+            try:
+                out[str(p.relative_to(run_dir))] = p.lstat().st_size
+            except OSError:
+                continue
+    return out
+
+
 def _key_files(s: Scenario, root: Path | None = None) -> list[Path]:
     """The files matching the scenario's ``key`` patterns, relative ones under ``root`` (default: the
     current directory), as the patterns name them."""
@@ -197,7 +206,8 @@ def golden_key(s: Scenario) -> str:
     h = hashlib.sha256()
     tree = golden_tree()  # pinned (mutation testing): the pristine tree's files, not the mutant's
     files = [(p, Path(tree or ".") / p) for p in _key_files(s, tree)]
-    for name, p in files + [(Path(auto.__file__), Path(auto.__file__))]:  # the layer's code shapes the records too
+    # the layer's code shapes the records too, and follow.py the plan made of them
+    for name, p in files + [(Path(m.__file__), Path(m.__file__)) for m in (auto, follow)]:
         h.update(str(name).encode())
         h.update(p.read_bytes())
     c = asdict(s.command)
@@ -263,7 +273,8 @@ def golden_run(s: Scenario, root: Path | None = None, timeout: float = 600) -> P
             runs.append((work, events))
         (work, events), (other, _) = runs
         differ = first_difference(work, other, EXACT)
-        (work / PLANNED).write_text(json.dumps(auto.planned_sizes(events)))
+        (work / PLANNED).write_text(json.dumps(follow.plan(events)))
+        (work / LISTING).write_text(json.dumps(listing(s, work)))
         for d in watched(s, work):
             if d.is_relative_to(work):
                 shutil.rmtree(d, ignore_errors=True)  # the records are what is kept
@@ -296,14 +307,16 @@ def unstable(a: Path, b: Path) -> list[str]:
     ta = {r["step"]: r for r in read_jsonl(a / "trajectory.jsonl")}
     tb = {r["step"]: r for r in read_jsonl(b / "trajectory.jsonl")}
     return sorted({k for step in set(ta) & set(tb) for k in set(ta[step]) | set(tb[step])
-                   if ta[step].get(k) != tb[step].get(k)})
+                   if k != "t" and ta[step].get(k) != tb[step].get(k)})
 
 
 def check_triggers(s: Scenario, golden: Path) -> None:
     """Every fault of the first launch names a point the golden run reached (with its filters on
     rank and path): a trigger that cannot fire is an error before anything runs, not a fault that
-    quietly never fired."""
+    quietly never fired. A path is matched as the run will match it, a written file under each name
+    it had (``follow.py``); the refusal says why the files it names were missed."""
     events = read_jsonl(golden / PROBE_LOG)
+    listing = json.loads((golden / LISTING).read_text()) if (golden / LISTING).is_file() else None
     armed = sorted({p for e in events if e["point"] == "probe.armed" for p in e["info"]["points"]}
                    | (set(FAULTFS_POINTS) if uses_faultfs(s) else set()))
     seen = {e["point"] for e in events}
@@ -316,14 +329,11 @@ def check_triggers(s: Scenario, golden: Path) -> None:
         # Without a plan the golden run reports a write only every MiB: a written file is its done point.
         point = WRITTEN.get(f.when.point, f.when.point)
         if point not in seen:
+            why = triggers.near_misses(f.when, events, listing) if f.when.path is not None else []
             raise ScenarioError(f"{s.source}: faults[{i}].when.point: {f.when.point!r} never happened in the "
-                                f"fault-free run ({golden / PROBE_LOG}); use a point it reached: "
-                                f"{', '.join(sorted(seen - {'probe.armed'}))}")
+                                f"fault-free run ({golden / PROBE_LOG})" + "".join(f"; {w}" for w in why)
+                                + f"; use a point it reached: {', '.join(sorted(seen - {'probe.armed'}))}")
         if f.when.path is not None:
-            # a file written under a name that it is renamed from before it is closed counts too
-            paths = sorted({e["info"].get("path") or "" for e in events if e["point"] in (point, f.when.point)}
-                           | {e["info"]["src"] for e in events if e["point"] in ("file.rename", "faultfs.rename")
-                              and e["info"].get("src") and point in WRITTEN.values()})
-            if not any(fnmatch.fnmatch(p, f.when.path) for p in paths):
-                raise ScenarioError(f"{s.source}: faults[{i}].when.path: no {f.when.point} of the fault-free run "
-                                    f"matches {f.when.path!r}; its paths: {', '.join(paths[:12])}")
+            why = triggers.unreached(f.when, events, listing)
+            if why is not None:
+                raise ScenarioError(f"{s.source}: faults[{i}].when.path: {why}")

@@ -340,7 +340,8 @@ class ChaosRun:
                 also = [TornDown(launch=n, nodes=torn_down, after_s=round(job.torn_down_after_s, 2))] if torn_down else []
                 if self._launch_ended(n, rc, healed, also, remote=self.remote.snapshot() if self.remote else None,
                                       complete=command.complete(s, self.run_dir) if s.command else None,
-                                      pointer=command.pointer(s, self.run_dir) if s.command else None):
+                                      pointer=command.pointer(s, self.run_dir) if s.command else None,
+                                      files=command.listing(s, self.run_dir) if s.command else None):
                     break
 
     def _launch_ended(self, n: int, rc: int | None, healed: dict, also: list, **exit_fields) -> bool:
