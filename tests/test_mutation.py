@@ -206,7 +206,7 @@ def test_exitfirst_stops_a_serial_run_at_its_first_failure(project, monkeypatch)
     monkeypatch.setattr(runner, "run_scenario", lambda s, *a, **k: ran.append(s.name) or _verdict(s))
     assert cli.main(["run", "-x", "--plots", "none", "--out", str(project)]) == cli.EXIT_FAILED
     assert ran == ["a-first", "b-fails"]
-    rows = json.loads((project / "reports" / "default" / "latest" / "results.json").read_text())["results"]
+    rows = json.loads((project / "reports" / "project" / "latest" / "results.json").read_text())["results"]
     assert [r["scenario"] for r in rows] == ["a-first", "b-fails"]
     ran.clear()
     assert cli.main(["run", "--plots", "none", "--out", str(project)]) == cli.EXIT_FAILED
@@ -235,7 +235,7 @@ def test_exitfirst_stops_the_running_scenarios_of_a_parallel_run(project, monkey
     monkeypatch.setattr(parallel, "ParallelRun", Parallel)
     assert cli.main(["run", "-x", "-n", "2", "--plots", "none", "--out", str(project)]) == cli.EXIT_FAILED
     assert stopped == [True]
-    rows = json.loads((project / "reports" / "default" / "latest" / "results.json").read_text())["results"]
+    rows = json.loads((project / "reports" / "project" / "latest" / "results.json").read_text())["results"]
     assert [r["scenario"] for r in rows] == ["a-first", "b-fails"]
 
 
