@@ -17,7 +17,7 @@ SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io 
                    slurm-wlm munge
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
-.PHONY: setup test chaos chaos-examples bench coverage mutation clean
+.PHONY: setup test chaos chaos-examples chaos-compat bench coverage mutation clean
 
 setup: $(STAMP) $(SYSTEM_STAMP)
 
@@ -69,6 +69,13 @@ chaos: setup
 EXAMPLES := examples/plain_ddp/scenarios examples/lightning/scenarios examples/accelerate/scenarios
 chaos-examples: setup
 	$(VENV)/bin/ckpt-chaos run --suite examples $(addprefix --scenarios ,$(EXAMPLES)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
+
+# Trainers the probe layer finds hardest (examples/: a Hugging Face Trainer, a safetensors loop with a
+# DeepSpeed-style latest pointer, a trainer that reads its checkpoint in C++), each with a planted bug;
+# the compat suite of every examples/*/scenarios folder. Not run by CI.
+COMPAT := $(wildcard examples/*/scenarios)
+chaos-compat: setup
+	$(VENV)/bin/ckpt-chaos run --suite compat $(addprefix --scenarios ,$(COMPAT)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
 
 # Which lines of the reference trainer's checkpoint path the default suite reaches, every process
 # measured; the figures and each unreached line with its reason: benchmarks/results/trainer_coverage.md.
