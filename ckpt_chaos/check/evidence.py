@@ -119,7 +119,8 @@ class Evidence:
                     reads.append(Read(path, "fanotify", t0, r.get("size")))
             elif op in ("create", "rename"):
                 first_write = t if first_write is None else min(first_write, t)
-        reads += [Read(p, "fanotify", t) for (_, p), t in opened.items()]  # opened, never closed
+        # An open with no close of its own name is a file renamed while open (on faultfs the close
+        # carries the new name): a writer's temporary file, not a read.
         return reads, first_write
 
     def reads(self, launch: int) -> list[Read]:
