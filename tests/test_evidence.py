@@ -138,3 +138,18 @@ def test_one_source_of_resumed_from_for_every_check_and_the_report(stored, tmp_p
     assert r.decided and r.checkpoint == "checkpoints/step_00000004.pt"
     assert report.resumed_from == [r.checkpoint]
     assert r.checkpoint in {c.name: c.detail for c in report.checks}["resumed_newest@1"]
+
+
+def test_a_relaunch_whose_optimizer_counts_from_one_again_is_compared_from_its_checkpoints_step(stored, tmp_path):
+    """The layer numbers steps by the optimizer's own count: an optimizer whose state a resume did
+    not restore counts from 1 again. The checks put the relaunch's steps after the step of the
+    checkpoint it was seen to resume from, instead of reporting steps never trained."""
+    s = stored[0]
+    run, gold = _copy(stored, tmp_path)
+    _rewrite(run / "trajectory.jsonl",
+             change=lambda r: {**r, "step": r["step"] - 4} if r.get("attempt") == 1 else r)
+    report = any_trainer.check_run(s, run, gold)
+    c = {c.name: c for c in report.checks}
+    assert c["job_completed"].verdict == "pass", c["job_completed"].detail
+    assert c["lost_work@1"].detail.startswith("4 step(s) trained again"), c["lost_work@1"].detail
+    assert c["trajectory"].verdict == "pass", c["trajectory"].detail

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ckpt_chaos.check.checks import Report, Run, _faults_fired, _harness_health, sample_shift
 from ckpt_chaos.check.evidence import Evidence, Resume
-from ckpt_chaos.check.history import Exited, read_jsonl, step_loss, trajectory_records
+from ckpt_chaos.check.history import Exited, read_jsonl, step_loss
 from ckpt_chaos.scenario import Scenario
 
 EXACT = ("loss_hex", "lr_hex", "samples", "model_digest", "optimizer_digest")
@@ -35,10 +35,10 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     report = Report(launches=len(run.launches()))
     _harness_health(run, report, harness_errors or [])
     _faults_fired(run, report)
-    gold, got = _steps(golden), _steps(run_dir)
+    ev = Evidence(run)
+    gold, got = _steps(golden), ev.steps()
     _completion(run, report, gold, got)
     _fault_effects(run, report)
-    ev = Evidence(run)
     for launch in run.launches()[1:]:
         _resume(run, ev, report, launch)
     _trajectory(run, ev, report, gold, got)
@@ -128,19 +128,19 @@ def _resume(run: Run, ev: Evidence, report: Report, launch: int) -> None:
         report.add("resume_from", "unknown" if not r.decided else name == want or r.checkpoint == want,
                    r.missing if not r.decided else f"launch {launch} resumed from {r.checkpoint or 'scratch'}"
                    + ("" if name == want or r.checkpoint == want else f", expected {want}"))
-    _lost_work(run, report, launch, lost)
+    _lost_work(run, ev, report, launch, lost)
 
 
-def _lost_work(run: Run, report: Report, launch: int, lost: str | None) -> None:
+def _lost_work(run: Run, ev: Evidence, report: Report, launch: int, lost: str | None) -> None:
     """Steps trained again by the launch: the furthest step any launch before it reached against the
     step it began at. A launch that trained no step (killed during its load) is measured by the next
     launch that trained, against the same furthest step."""
     every = run.s.command.save_every
-    reached = [s for n in run.launches() if n < launch for s in _trained(run, n)]
-    started = _trained(run, launch)
+    reached = [s for n in run.launches() if n < launch for s in ev.trained(n)]
+    started = ev.trained(launch)
     if every is None:
         report.add("lost_work", "n/a", at=launch, detail="command.save_every is not given")
-    elif not started and any(_trained(run, n) for n in run.launches() if n > launch):
+    elif not started and any(ev.trained(n) for n in run.launches() if n > launch):
         return
     elif not started:
         report.add("lost_work", "unknown", at=launch, detail=f"launch {launch} began no step, nor did any after it, "
@@ -167,11 +167,6 @@ def _power_loss(run: Run, launch: int) -> str | None:
     except ImportError:
         return None
     return power_loss_summary(run, launch)
-
-
-def _trained(run: Run, launch: int) -> list[int]:
-    """The steps a launch trained, in order (rank 0's trajectory records of that launch)."""
-    return [r["step"] for r in trajectory_records(run.dir) if r.get("attempt", 0) == launch]
 
 
 def _trajectory(run: Run, ev: Evidence, report: Report, gold: dict, got: dict) -> None:
@@ -270,6 +265,9 @@ def _diagnose(run: Run, ev: Evidence, gold: dict, got: dict, step: int, fields: 
     source = (r.checkpoint if r.checkpoint else "nothing (a fresh start)") if r.decided else "a checkpoint not known"
     where = f"; it is {'the first step' if first == step else f'{step - first + 1} steps'} after resuming " \
             f"from {source} (launch {launch})"
+    if ev.offset(launch):
+        where += (f", where the optimizer's own step count began again at 1 (its steps are compared as steps "
+                  f"{first}..): the optimizer's state was not restored")
     g, r = gold.get(first, {}), got.get(first, {})
     unstable = json.loads((run.golden / "golden.json").read_text()).get("unstable", [])
     keys = [k for k in STATE if k in g and k in r and k not in unstable]
@@ -288,7 +286,7 @@ def _resume_before(run: Run, ev: Evidence, step: int) -> tuple[int, int, Resume]
     """(launch, its first step, where it resumed from) of the last relaunch that began at or before ``step``."""
     best = None
     for launch in run.launches()[1:]:
-        begins = _trained(run, launch)
+        begins = ev.trained(launch)
         if begins and begins[0] <= step:
             best = (launch, begins[0], ev.resumed_from(launch))
     return best

@@ -77,6 +77,7 @@ class Evidence:
         self.traj = trajectory_records(run.dir)
         self.gold_traj = {r["step"]: r for r in read_jsonl(run.golden / "trajectory.jsonl")}
         self._resumes: dict[int, Resume] = {}
+        self._saved: dict[str, int] | None = None
 
     # ---- names -------------------------------------------------------------------------------------
 
@@ -138,9 +139,38 @@ class Evidence:
         steps = [r["step"] for r in self.traj if r.get("attempt", 0) == launch]
         return steps[0] if steps else None
 
+    def offset(self, launch: int) -> int:
+        """What to add to a launch's recorded steps. The layer numbers steps by the optimizer's own
+        count; a launch that resumed from a checkpoint of step k with an optimizer whose state was not
+        restored counts from 1 again, while it trains steps k+1.. of the job (unless its first loss is
+        the golden run's first: then it started over after all)."""
+        if launch == 0:
+            return 0
+        r = self.resumed_from(launch)
+        if not (r.decided and r.checkpoint and r.first_step == 1):
+            return 0
+        first = next((x for x in self.traj if x.get("attempt", 0) == launch), {})
+        if first.get("loss_hex") and first.get("loss_hex") == self.gold_traj.get(1, {}).get("loss_hex"):
+            return 0
+        return self.saved_steps().get(r.checkpoint, 0)
+
+    def trained(self, launch: int) -> list[int]:
+        """The steps of the job a launch trained, in order (rank 0's records, renumbered by ``offset``)."""
+        off = self.offset(launch)
+        return [x["step"] + off for x in self.traj if x.get("attempt", 0) == launch]
+
+    def steps(self) -> dict[int, dict]:
+        """Step of the job -> rank 0's record; where a relaunch trained a step again, its record wins."""
+        return {x["step"] + self.offset(x.get("attempt", 0)): x for x in self.traj}
+
     def saved_steps(self) -> dict[str, int]:
         """Checkpoint -> the step whose state it holds: the last step a launch had trained when it last
         wrote to that checkpoint (the trajectory's times against the file events')."""
+        if self._saved is None:
+            self._saved = self._saved_steps()
+        return self._saved
+
+    def _saved_steps(self) -> dict[str, int]:
         by_launch: dict[int, list[tuple[float, int]]] = {}
         for r in self.traj:
             if "t" in r:
