@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import mmap
 import os
 import signal
 import subprocess
@@ -187,6 +188,71 @@ def test_errno_rule_fails_the_nth_matching_call_only(tmp_path):
         (st.ckpt / "b3").write_bytes(b"x")  # count = 1: only one failure
         status = st.client.call("status")
         assert [(i["op"], i["path"], i["errno"]) for i in status["injected"]] == [("create", "/b2", "EDQUOT")]
+
+
+# ---- files unlinked while open or mapped: a local file system's semantics (hard_remove) ----------
+
+@needs_faultfs
+def test_a_mapped_file_unlinked_leaves_its_folder_removable_and_its_mapping_readable(tmp_path):
+    """What safetensors' load_file leaves (a private read-only mapping), then a retention's rmtree:
+    without hard_remove libfuse renamed the file to .fuse_hidden* and the rmdir failed (ENOTEMPTY)."""
+    data = bytes(range(256)) * (16 << 10)  # 4 MiB: beyond the readahead of the first page's fault
+    with Storage(tmp_path, StorageSpec(fs="host", faultfs=True)) as st:
+        os.mkdir(st.ckpt / "global_step4")
+        (st.ckpt / "global_step4" / "model.safetensors").write_bytes(data)
+        with open(st.ckpt / "global_step4" / "model.safetensors", "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+        try:
+            assert m[:256] == data[:256]
+            before = st.client.call("status")["calls"]["read"]
+            os.unlink(st.ckpt / "global_step4" / "model.safetensors")
+            assert os.listdir(st.ckpt / "global_step4") == [] == os.listdir(st.view / "global_step4")
+            os.rmdir(st.ckpt / "global_step4")
+            assert os.listdir(st.ckpt) == []
+            assert m[:] == data  # the pages not read yet come through the handle, with no path
+            assert st.client.call("status")["calls"]["read"] > before
+        finally:
+            m.close()
+        assert os.listdir(st.view) == []
+
+
+@needs_faultfs
+def test_an_open_file_unlinked_still_reads_writes_and_obeys_the_rules_by_its_name(tmp_path):
+    with Storage(tmp_path, StorageSpec(fs="host", faultfs=True)) as st:
+        with open(st.ckpt / "w.bin", "w+b", buffering=0) as f:  # created for reading too
+            f.write(b"hello")
+            os.rename(st.ckpt / "w.bin", st.ckpt / "w.final")
+            os.unlink(st.ckpt / "w.final")
+            assert os.listdir(st.ckpt) == [] == os.listdir(st.view)
+            assert os.pwrite(f.fileno(), b"HELLO world", 0) == 11
+            assert os.pread(f.fileno(), 100, 0) == b"HELLO world"
+            os.ftruncate(f.fileno(), 5)
+            os.fsync(f.fileno())
+            assert os.pread(f.fileno(), 100, 0) == b"HELLO"
+            # a rule on the name it had last (after the rename) matches its calls
+            st.client.call("arm", rule={"call": "write", "path": "w.final", "errno": errno.EIO})
+            with pytest.raises(OSError) as e:
+                os.pwrite(f.fileno(), b"x", 0)
+            assert e.value.errno == errno.EIO
+        injected = st.client.call("status")["injected"]
+        assert [(i["op"], i["path"]) for i in injected] == [("write", "/w.final")]  # as the kernel names it
+
+
+@needs_faultfs
+def test_power_loss_reverts_an_unlinked_file_that_comes_back_to_its_fsynced_data(tmp_path):
+    """Written through its handle after an unlink no folder fsync made durable: undo brings the file
+    back, with only the data that was fsynced."""
+    with Storage(tmp_path, StorageSpec(fs="tmpfs", size_mb=16, faultfs=True, lazy=True)) as st:
+        m = st.ckpt
+        _written(m / "old.pt", b"o" * 10, fsync=True)
+        _fsync_dir(m)
+        with open(m / "old.pt", "r+b", buffering=0) as f:
+            os.unlink(m / "old.pt")
+            f.write(b"new data")
+        lost = st.client.call("crash", mode="undo")
+        assert os.listdir(m) == ["old.pt"] and (m / "old.pt").read_bytes() == b"o" * 10
+        assert lost["data_lost"] == [{"path": "old.pt", "size_before": 10, "size_after": 10, "ever_fsynced": True}]
+        assert lost["undone"] == ["unlink old.pt"]
 
 
 # A writer Python cannot see: one write(2) of the whole file, from a process of the job (the

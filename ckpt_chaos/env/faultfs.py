@@ -27,6 +27,14 @@ sees every call a trainer makes whatever the call's flavour (``openat``, ``renam
   (mode ``undo``), or all kept (mode ``entries-kept``: what ext4 often leaves, a file under its
   new name with only its fsynced bytes).
 
+Otherwise it behaves as a local file system. A file unlinked while open or memory-mapped is gone
+from its folder at once (``hard_remove``; FUSE's default renames it to ``.fuse_hidden*`` until its
+last close, so a retention's ``rmtree`` of a checkpoint still mapped by ``safetensors`` failed with
+ENOTEMPTY). Its handles go on reading, writing, truncating and fsyncing; libfuse calls those without
+a path, and the rules, the points and the power-loss model name the file by the path its handle
+had when it was unlinked (renames followed). Only ``fstat`` of it fails (ESTALE): the kernel asks
+for its attributes by inode, which libfuse's path API cannot answer once the file has no name.
+
 Run as ``python -m ckpt_chaos.env.faultfs BACKING MOUNTPOINT CONTROL_SOCKET FSNAME`` (``@name``: an
 abstract socket). ``BACKING/data``
 is what the mount shows; ``BACKING/.faultfs`` holds durable copies and the entries that an
@@ -256,6 +264,9 @@ class FaultFS(Operations):
         # handle -> [a write failed, end of the bytes written, planned size, the file's names in the golden
         # run, the path of its first write] (for done)
         self.writing: dict[int, list] = {}
+        # handle -> its path inside the mount, renames followed: a file unlinked while open (hard_remove)
+        # has no path left, and its calls come with None; rules and points name it by this
+        self.names: dict[int, str] = {}
         self.harness = os.getppid()  # the harness started this daemon
 
     # ---- rules --------------------------------------------------------------------------------
@@ -335,8 +346,24 @@ class FaultFS(Operations):
 
     # ---- helpers ------------------------------------------------------------------------------
 
-    def _full(self, path: str) -> str:
+    def _full(self, path: str | None) -> str:
+        if path is None:  # only a handle's calls reach an unlinked file; libfuse says ESTALE to the others
+            raise FuseOSError(errno.ESTALE)
         return os.path.join(self.data, path.lstrip("/"))
+
+    def _name(self, path: str | None, fh: int | None) -> str:
+        """The path of a handle's call: the kernel's, or, for a file unlinked while open (no path), the
+        one the handle had when it was unlinked."""
+        return path if path is not None else self.names.get(fh, "")
+
+    def _renamed(self, old: str, new: str) -> None:
+        """The handles of ``old`` (a file, or anything under a folder) are named after ``new`` now."""
+        inside = old.rstrip("/") + "/"
+        for fh, name in list(self.names.items()):
+            if name == old:
+                self.names[fh] = new
+            elif name.startswith(inside):
+                self.names[fh] = new.rstrip("/") + "/" + name[len(inside):]
 
     def _ino(self, full: str) -> int:
         return os.lstat(full).st_ino
@@ -345,15 +372,20 @@ class FaultFS(Operations):
         self.serial += 1
         return os.path.join(self.keep, f"grave-{self.serial}")
 
-    def _touch_data(self, full: str) -> None:
-        """Before the first change to a file since its last fsync, keep its durable content."""
-        st = os.lstat(full)
+    def _touch_data(self, full: str | None = None, fh: int | None = None) -> None:
+        """Before the first change to a file since its last fsync, keep its durable content. ``fh``: a
+        handle of the file instead of its path (a file unlinked while open has none)."""
+        st = os.lstat(full) if fh is None else os.fstat(fh)
         if st.st_ino in self.dirty:
+            return
+        if not st.st_nlink:
+            # unlinked for good (before tracking began, or its unlink was made durable), not kept aside
+            # for a crash to bring back: its data is gone whatever happens
             return
         copy = None
         if st.st_size:
             copy = os.path.join(self.keep, f"data-{st.st_ino}")
-            shutil.copyfile(full, copy)
+            shutil.copyfile(full if fh is None else f"/proc/self/fd/{fh}", copy)
         self.dirty[st.st_ino] = copy
 
     def _log(self, op: _NsOp) -> None:
@@ -363,7 +395,7 @@ class FaultFS(Operations):
     # ---- the pass-through operations ------------------------------------------------------------
 
     def getattr(self, path, fh=None):
-        st = os.lstat(self._full(path))
+        st = os.fstat(fh) if path is None and fh is not None else os.lstat(self._full(path))
         return {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_ino",
                                             "st_atime", "st_mtime", "st_ctime", "st_blocks")}
 
@@ -386,7 +418,9 @@ class FaultFS(Operations):
         with self._mutex:
             if self.lazy and flags & os.O_TRUNC:
                 self._touch_data(full)
-            return os.open(full, flags)
+            fd = os.open(full, flags)
+            self.names[fd] = path
+            return fd
 
     def create(self, path, mode, fi=None):
         self._check("create", path)
@@ -395,18 +429,22 @@ class FaultFS(Operations):
             existed = os.path.lexists(full)
             if self.lazy and existed:
                 self._touch_data(full)
-            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            # the caller's flags (mfusepy passes them as ``fi``): a file created to be read back ("w+b")
+            # gets a handle it can read through
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC if fi is None else fi | os.O_CREAT, mode)
             if self.lazy and not existed:
                 ino = os.fstat(fd).st_ino
                 self.dirty[ino] = None
                 self._log(_NsOp("create", self._ino(os.path.dirname(full)), os.path.basename(full), ino))
+            self.names[fd] = path
             return fd
 
     def read(self, path, size, offset, fh):
-        self._check("read", path)
+        self._check("read", self._name(path, fh))
         return os.pread(fh, size, offset)
 
     def write(self, path, data, offset, fh):
+        path = self._name(path, fh)  # unlinked while open: the name it had
         self._check("write", path, nbytes=len(data))
         r = self.reporter
         done = 0
@@ -434,22 +472,25 @@ class FaultFS(Operations):
     def _pwrite(self, path, data, offset, fh) -> int:
         with self._mutex:
             if self.lazy:
-                self._touch_data(self._full(path))
+                self._touch_data(fh=fh)
             return os.pwrite(fh, data, offset)
 
     def truncate(self, path, length, fh=None):
-        self._check("truncate", path)
-        full = self._full(path)
+        # by path while the file has one; an ftruncate of a file unlinked while open comes with its
+        # handle only (_FUSE)
+        full = None if path is None and fh is not None else self._full(path)
+        self._check("truncate", self._name(path, fh))
         with self._mutex:
             if self.lazy:
-                self._touch_data(full)
-            os.truncate(full if fh is None else fh, length)
+                self._touch_data(full, fh if full is None else None)
+            os.truncate(fh if full is None else full, length)
         return 0
 
     def flush(self, path, fh):
         # close() is not a durability point, only fsync is; but it is where a writer says it is done
         state = self.writing.pop(fh, None)
         r = self.reporter
+        path = self._name(path, fh)
         if state is not None and r is not None:
             # bytes: how far it wrote (a writer may size the file first: size says that)
             # opened: where its first write was, when a rename moved it since (safetensors renames first)
@@ -461,10 +502,13 @@ class FaultFS(Operations):
 
     def release(self, path, fh):
         self.writing.pop(fh, None)
+        with self._mutex:
+            self.names.pop(fh, None)
         os.close(fh)
         return 0
 
     def fsync(self, path, datasync, fh):
+        path = self._name(path, fh)
         self._check("fsync", path)
         if self.reporter is not None:
             self._hold("faultfs.fsync", path=self.reporter.path(path))
@@ -479,7 +523,9 @@ class FaultFS(Operations):
         return 0
 
     def fsyncdir(self, path, datasync, fh):
-        self._check("fsyncdir", path)
+        self._check("fsyncdir", path or "")
+        if path is None:  # a folder removed while open: nothing of it left to make durable
+            return 0
         full = self._full(path)
         fd = os.open(full, os.O_RDONLY)
         try:
@@ -548,6 +594,7 @@ class FaultFS(Operations):
         with self._mutex:
             if not self.lazy:
                 os.rename(src, dst)
+                self._renamed(old, new)
                 return 0
             op = _NsOp("rename", self._ino(os.path.dirname(src)), os.path.basename(src), self._ino(src),
                        dst_dir_ino=self._ino(os.path.dirname(dst)), dst_name=os.path.basename(dst))
@@ -555,6 +602,7 @@ class FaultFS(Operations):
                 op.grave = self._grave()
                 os.rename(dst, op.grave)
             os.rename(src, dst)
+            self._renamed(old, new)
             self.ops.append(op)
         return 0
 
@@ -728,6 +776,16 @@ def _find_in(root: str, ino: int) -> str | None:
     return None
 
 
+class _FUSE(FUSE):
+    """mfusepy's FUSE, but an ftruncate reaches ``FaultFS.truncate`` with its handle under libfuse 3 as
+    under libfuse 2 (mfusepy 3.1 drops the handle there): a file unlinked while open has no path."""
+
+    def truncate_fuse_3(self, path, length, fip):
+        fh = fip.contents.fh if fip else None
+        return self.operations.truncate(None if path is None else path.decode(self.encoding, self.errors),
+                                        length, fh)
+
+
 # ---- control socket ----------------------------------------------------------------------------
 
 def _serve(fs: FaultFS, address: str) -> None:
@@ -778,9 +836,13 @@ def main(argv: list[str]) -> None:
     fs = FaultFS(backing)
     threading.Thread(target=_serve, args=(fs, control), daemon=True).start()
     # direct_io and zero cache timeouts: every call reaches this layer, and what a crash changes
-    # underneath is what the next reader sees.
-    FUSE(fs, mountpoint, foreground=True, nothreads=False, fsname=fsname, direct_io=True,
-         attr_timeout=0, entry_timeout=0, negative_timeout=0)
+    # underneath is what the next reader sees. hard_remove: an unlink is an unlink, as on a local file
+    # system, even of a file still open or memory-mapped (without it libfuse renames such a file to
+    # .fuse_hidden* until its last close, and the folder it was in cannot be removed meanwhile); the
+    # calls on it then come with no path, which FaultFS answers through the handle. Not nullpath_ok:
+    # libfuse passes None only where the file has no path left, and the rules and points want paths.
+    _FUSE(fs, mountpoint, foreground=True, nothreads=False, fsname=fsname, direct_io=True,
+          attr_timeout=0, entry_timeout=0, negative_timeout=0, hard_remove=True)
 
 
 if __name__ == "__main__":
