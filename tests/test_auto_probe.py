@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_chaos.check.history import read_jsonl
-from ckpt_chaos.probe import auto
+from ckpt_chaos.probe import auto, follow
 from ckpt_chaos.run.controller import ProbeServer
 from tests.helpers import REPO
 
@@ -196,3 +196,84 @@ def test_the_samples_of_each_step_are_those_accelerate_hands_over_though_it_fetc
     batches = [r.get("samples") for r in records[:6]]
     assert all(b is not None and len(b) == 1 and len(b[0]) == 8 for b in batches), batches
     assert len({i for b in batches for i in b[0]}) == 48, batches
+
+
+NATIVE = r"""
+import os, resource, signal, sys
+import numpy as np
+d = sys.argv[1]
+np.arange(1000, dtype=np.float32).tofile(os.path.join(d, "model.f32"))  # numpy: C stdio on a dup of fileno()
+with open(os.path.join(d, "raw.bin"), "wb") as f:
+    os.write(f.fileno(), b"x" * 5000)  # through the descriptor: Python's write never sees it
+with open(os.path.join(d, "mixed.bin"), "wb") as f:
+    f.write(b"h" * 100)
+    f.flush()
+    os.write(f.fileno(), b"y" * 900)
+with open(os.path.join(d, "log.txt"), "a") as f:  # an append counts from the size it found
+    os.write(f.fileno(), b"z" * 10)
+# a file limited to 6500 bytes: a write(2) that takes part of it, then fails (EFBIG), as a filling disk does
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (6500, resource.RLIM_INFINITY))
+try:
+    np.arange(2500, dtype=np.float32).tofile(os.path.join(d, "optim.f32"))
+except OSError as e:
+    print("numpy:", e)
+try:
+    with open(os.path.join(d, "py.bin"), "wb") as f:
+        f.write(b"p" * 10000)
+except OSError as e:
+    print("python:", e)
+"""
+
+
+def run_native(tmp_path: Path, planned: dict | None = None) -> Recorder:
+    watched = tmp_path / "ckpt"
+    watched.mkdir(parents=True)
+    (watched / "log.txt").write_bytes(b"old\n")
+    plan = None
+    if planned is not None:
+        plan = tmp_path / "planned.json"
+        plan.write_text(json.dumps(planned))
+    rec = Recorder()
+    with ProbeServer(rec) as server:
+        env = {**os.environ, "RANK": "0",
+               **auto.environment(server.address, tmp_path, [watched], planned=plan, pythonpath=str(REPO))}
+        out = subprocess.run([sys.executable, "-c", NATIVE, str(watched)], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "numpy: 2500 requested and" in out.stdout and "python:" in out.stdout, out.stdout
+    return rec
+
+
+def test_bytes_written_through_the_descriptor_are_counted_from_the_file_size_and_said_native(tmp_path):
+    rec = run_native(tmp_path)
+    done = {e["info"]["path"]: e["info"] for e in rec.points("file.done")}
+    on_disk = {p: (tmp_path / p).stat().st_size for p in done}
+    assert done["ckpt/model.f32"] == {"path": "ckpt/model.f32", "bytes": 4000, "via": "open", "native": True,
+                                      "python_bytes": 0}
+    assert done["ckpt/raw.bin"]["bytes"] == 5000 and done["ckpt/raw.bin"]["native"] is True
+    assert done["ckpt/mixed.bin"]["bytes"] == 1000 and done["ckpt/mixed.bin"]["python_bytes"] == 100
+    assert done["ckpt/log.txt"]["bytes"] == 10 and on_disk["ckpt/log.txt"] == 14  # not the 4 bytes it found
+    # numpy's fwrite took 6500 bytes and failed: Python never saw the error, the bytes are the file's
+    assert on_disk["ckpt/optim.f32"] == 6500 and done["ckpt/optim.f32"]["bytes"] == 6500
+    assert "failed" not in done["ckpt/optim.f32"] and "short" not in done["ckpt/optim.f32"]  # no plan to compare
+    # Python's own write that the limit cut: what write(2) took is counted, and the error it met is kept
+    assert on_disk["ckpt/py.bin"] == 6500 and done["ckpt/py.bin"]["bytes"] == 6500, done["ckpt/py.bin"]
+    assert done["ckpt/py.bin"]["failed"] and "native" not in done["ckpt/py.bin"]
+    # the plan of the next runs takes those sizes
+    sizes = auto.planned_sizes(rec.events)
+    assert sizes["ckpt/model.f32"] == 4000 and sizes["ckpt/raw.bin"] == 5000
+
+
+def test_a_native_write_that_failed_unseen_is_short_of_the_golden_runs_file(tmp_path):
+    golden = run_native(tmp_path / "golden")
+    # the golden run as if its disk had room: optim.f32 whole (10000 bytes)
+    events = [e if e["info"].get("path") != "ckpt/optim.f32" else
+              {**e, "info": {**e["info"], "bytes": 10000}} for e in golden.events]
+    plan = follow.plan(events)
+    assert plan["files"]["file"]["0"]["ckpt/optim.f32"][0]["size"] == 10000
+    done = {e["info"]["path"]: e["info"] for e in run_native(tmp_path / "run", plan).points("file.done")}
+    assert done["ckpt/optim.f32"]["bytes"] == 6500 and done["ckpt/optim.f32"]["short"] is True
+    assert done["ckpt/py.bin"]["failed"] and "short" not in done["ckpt/py.bin"]  # its golden file was 6500 too
+    assert not any(i.get("short") for p, i in done.items() if p != "ckpt/optim.f32")
+

@@ -174,6 +174,16 @@ def test_a_file_write_on_a_native_writers_file_is_refused_saying_to_aim_at_fault
     assert "the paths it reported: checkpoints/step_8/optimizer.bin" in msg
 
 
+def test_a_file_write_trigger_on_a_file_only_native_code_wrote_is_refused(tmp_path):
+    events = [ev("file.done", path="checkpoints/step_8/model.f32", bytes=75268, native=True, python_bytes=0),
+              ev("file.done", path="checkpoints/step_8/index.json", bytes=15307)]
+    msg = refusal(tmp_path, '{ point = "file.write", rank = 0, path = "checkpoints/step_8/model.f32" }', events)
+    assert msg is not None and ("checkpoints/step_8/model.f32 is written by a native writer the layer does not "
+                                "see: aim at faultfs.write") in msg, msg
+    assert refusal(tmp_path, '{ point = "file.done", rank = 0, path = "checkpoints/step_8/model.f32" }',
+                   events) is None
+
+
 def test_a_file_staged_outside_the_watched_folders_is_refused_saying_to_set_tmpdir(tmp_path):
     # Lightning through fsspec: mkstemp in /tmp, then a move; the layer sees only the rename into place
     events = [ev("ckpt.stage", name="epoch=0-step=8.ckpt", path="checkpoints/epoch=0-step=8.ckpt"),

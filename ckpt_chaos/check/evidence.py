@@ -294,8 +294,11 @@ class Evidence:
                 continue
             if h.point in ("file.write", "ckpt.shard.write", "faultfs.write"):
                 open_[h.info["path"]] = h.info.get("bytes", 0)
-            elif h.point in ("file.done", "ckpt.shard.done", "faultfs.done") and h.info.get("failed"):
-                open_[h.info["path"]] = h.info.get("bytes", 0)  # closed after a write failed: torn all the same
+            elif h.point in ("file.done", "ckpt.shard.done", "faultfs.done") and (h.info.get("failed")
+                                                                                or h.info.get("short")):
+                # closed after a write failed, or short of the golden run's file (a native write failed
+                # unseen): torn all the same
+                open_[h.info["path"]] = h.info.get("bytes", 0)
             elif h.point in ("file.done", "ckpt.shard.done", "faultfs.done", "file.remove", "faultfs.remove"):
                 open_.pop(h.info["path"], None)
             elif h.point in ("file.rename", "faultfs.rename") and h.info.get("src") in open_:

@@ -19,7 +19,9 @@ for the reference trainer):
 * DCP's shard files (``*.distcp``) as ``ckpt.shard.write`` (with ``bytes`` and, where the size is
   known, ``fraction``) and ``ckpt.shard.done``; its ``.metadata`` rename as ``ckpt.metadata``;
 * any other file written in a watched directory through Python (``open``, and ``torch.save``,
-  which is made to write through a Python stream) as ``file.write`` / ``file.done``; and
+  which is made to write through a Python stream) as ``file.write`` / ``file.done`` (bytes that
+  native code wrote through such a file's descriptor, as numpy's ``tofile`` does, counted from the
+  file's size: ``native``; a file closed short of the golden run's: ``short``); and
   ``file.fsync``, ``file.rename``, ``file.remove``, ``file.rmtree``, ``file.copy`` (a copy is made
   in chunks, so ``file.write`` fires inside it too).
 
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import errno
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -189,7 +192,14 @@ def _kind(rel: str) -> tuple[str, str]:
 
 class _Watched(io.RawIOBase):
     """A file being written in a watched directory: writes go straight to the file (no buffer of
-    ours), cut at each tenth of the planned size, and reported there."""
+    ours), cut at each tenth of the planned size, and reported there.
+
+    Native code that writes through the file's descriptor (numpy's ``tofile``, which flushes the
+    Python file and ``fwrite``s to a dup of ``fileno()``) passes no byte through ``write``: the points
+    report the bytes the descriptor shows (the file's size, less what an append found there) where
+    that is more than Python wrote, with ``native`` (and ``python_bytes``, Python's own). A native
+    write that failed raises past ``close``, which cannot tell; a file closed with fewer bytes than
+    the same file in the golden run (``follow.Follower.match``) is reported ``short``."""
 
     def __init__(self, raw, rel: str, via: str):
         super().__init__()
@@ -197,9 +207,11 @@ class _Watched(io.RawIOBase):
         self.written = 0
         self.failed = None  # the error a write met: the file is torn, whoever closes it
         # its size and names in the golden run, where the file it is there is known (a temporary name
-        # followed to the one it was renamed to)
+        # followed to the one it was renamed to); ``golden``: that file's size, where it was found
         rank = probe._rank()
-        self.planned, self.aliases = _s.follow.open("file", 0 if rank is None else rank, rel, _s.attempt)
+        self.planned, self.aliases, same = _s.follow.match("file", 0 if rank is None else rank, rel, _s.attempt)
+        self.golden = self.planned if same else None
+        self._base = self._size() if "a" in getattr(raw, "mode", "") else 0  # an append counts from here
         self._write_point, self._done_point = _kind(rel)
         self._next = self._boundary(0)
         _s.fds[raw.fileno()] = rel
@@ -233,6 +245,21 @@ class _Watched(io.RawIOBase):
     def flush(self):
         self._raw.flush()
 
+    def _size(self) -> int | None:
+        try:
+            return os.fstat(self._raw.fileno()).st_size
+        except (OSError, ValueError):
+            return None
+
+    def _info(self, size: int | None) -> dict:
+        """A point's info: ``bytes``, what Python wrote, or where more, the bytes on disk (``size``,
+        the descriptor's) with ``native``."""
+        info = {"path": self.rel, "bytes": self.written, "via": self.via,
+                **({"aliases": self.aliases} if self.aliases else {})}
+        if size is not None and size - self._base > self.written:
+            info.update(bytes=size - self._base, native=True, python_bytes=self.written)
+        return info
+
     def write(self, b) -> int:
         view = memoryview(b).cast("B")
         total, pos = len(view), 0
@@ -242,20 +269,22 @@ class _Watched(io.RawIOBase):
             self.planned = total
             self._next = self._boundary(0)
         while pos < total:
-            take = min(total - pos, self._next - self.written)
-            try:
-                self._raw.write(view[pos:pos + take])
-            except OSError as e:
-                self.failed = e.strerror or repr(e)
-                raise
-            pos += take
-            self.written += take
+            end = pos + min(total - pos, self._next - self.written)
+            while pos < end:  # a write(2) may take part of it (a disk filling up): the rest, or its error
+                try:
+                    n = self._raw.write(view[pos:end])
+                    if not n:
+                        raise OSError(errno.EIO, f"a write of {end - pos} bytes wrote {n}")
+                except OSError as e:
+                    self.failed = e.strerror or repr(e)
+                    raise
+                pos += n
+                self.written += n
             if self.written >= self._next:
                 self._raw.flush()
-                info = {"path": self.rel, "bytes": self.written, "via": self.via,
-                        **({"aliases": self.aliases} if self.aliases else {})}
+                info = self._info(self._size())  # one fstat a tenth: bytes a native writer added count
                 if self.planned:
-                    info["fraction"] = round(min(1.0, self.written / self.planned), 4)
+                    info["fraction"] = round(min(1.0, info["bytes"] / self.planned), 4)
                 _point(self._write_point, **info)
                 self._next = self._boundary(self.written)
         return total
@@ -263,15 +292,26 @@ class _Watched(io.RawIOBase):
     def close(self):
         if self.closed:
             return
+        size = None
         try:
-            super().close()  # flushes the file
-        finally:
-            _s.fds.pop(self._raw.fileno(), None)
-            self._raw.close()
-        info = {"path": self.rel, "bytes": self.written, "via": self.via,
-                **({"aliases": self.aliases} if self.aliases else {})}
+            try:
+                super().close()  # flushes the file
+            finally:
+                size = self._size()  # what native code wrote through the descriptor is on it
+                _s.fds.pop(self._raw.fileno(), None)
+                self._raw.close()
+        except OSError as e:  # the flush or close(2) failed: Python saw it
+            self.failed = self.failed or e.strerror or repr(e)
+            self._done(size)
+            raise
+        self._done(size)
+
+    def _done(self, size: int | None) -> None:
+        info = self._info(size)
         if self.failed:
             info["failed"] = self.failed
+        if self.golden and info["bytes"] < self.golden:
+            info["short"] = True  # fewer bytes than the same file in the golden run: a write failed unseen
         _point(self._done_point, **info)
 
 

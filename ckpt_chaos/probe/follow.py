@@ -91,7 +91,8 @@ class _Alive:
 def files(events) -> list[dict]:
     """The files a run wrote, in the order they were closed: ``source`` (``file``: the probe layer;
     ``faultfs``), ``rank``, ``names`` (written under, then each name a rename gave it), ``size``,
-    ``removed`` (it was removed under its last name)."""
+    ``removed`` (it was removed under its last name); ``python_bytes`` where a native writer wrote
+    the rest of ``size`` (the layer's ``native``), which no ``file.write`` reports."""
     out: list[dict] = []
     alive = _Alive()
     for e in events:
@@ -105,6 +106,8 @@ def files(events) -> list[dict]:
             first = info.get("opened") or path
             f = {"source": DONE[point], "rank": e.get("rank", 0), "names": [first] if first == path else [first, path],
                  "size": int(info.get("bytes") or 0), "removed": False}
+            if info.get("native"):  # bytes a native writer put there: Python wrote only python_bytes of them
+                f["python_bytes"] = int(info.get("python_bytes") or 0)
             if path in alive.at:  # overwritten: the same layer's earlier file of that name
                 alive.at[path] = [g for g in alive.at[path] if g["source"] != f["source"]]
             out.append(f)
@@ -172,6 +175,12 @@ class Follower:
     def open(self, source: str, rank: int, path: str, launch: int = 0) -> tuple[int | None, list[str]]:
         """A file starts being written under ``path`` (as the points name it): its planned size (None:
         not known) and its other names in the golden run."""
+        size, aliases, _ = self.match(source, rank, path, launch)
+        return size, aliases
+
+    def match(self, source: str, rank: int, path: str, launch: int = 0) -> tuple[int | None, list[str], bool]:
+        """As ``open``, and whether the size is that of the same file in the golden run (found by its key
+        in the first launch), not a size by path or glob: a file closed with fewer bytes is short."""
         key = masked(path, self.vocab)
         with self._lock:
             n = self._count[(source, rank, launch, key)]
@@ -179,8 +188,8 @@ class Follower:
         if launch == 0:
             same = self.files.get(source, {}).get(str(rank), {}).get(key, ())
             if n < len(same):
-                return same[n]["size"] or None, [x for x in same[n]["names"] if x != path]
-        return planned_size(self.sizes, path), []
+                return same[n]["size"] or None, [x for x in same[n]["names"] if x != path], True
+        return planned_size(self.sizes, path), [], False
 
 
 def names(info: dict) -> list[str]:

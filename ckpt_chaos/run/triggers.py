@@ -76,7 +76,8 @@ def _reported(point: str, events: list[dict], found: list[dict]) -> list[tuple[i
     shard = point.startswith("ckpt.shard.")
     return [(f["rank"], f["names"]) for f in found if f["source"] == source
             and (source == "faultfs" or f["names"][0].endswith(".distcp") == shard)
-            and (f["size"] > 0 or point in follow.DONE)]  # an empty file has no write
+            # an empty file has no write, nor one whose bytes a native writer wrote (Python's are python_bytes)
+            and (f.get("python_bytes", f["size"]) > 0 or point in follow.DONE)]
 
 
 def near_misses(t: Trigger, events: list[dict], listing: dict[str, int] | None = None) -> list[str]:
@@ -103,6 +104,10 @@ def near_misses(t: Trigger, events: list[dict], listing: dict[str, int] | None =
         if not fnmatch.fnmatch(y, t.path):
             continue
         mine = [f for f in by_name.get(y, []) if f["source"] == layer]
+        if mine and t.point in follow.WRITE and all(f.get("python_bytes") == 0 for f in mine):
+            # opened by Python, written by native code through its descriptor (numpy's tofile)
+            reasons.append(f"{y} is written by a native writer the layer does not see: aim at {native}")
+            continue
         if mine:
             x = mine[0]["names"][0]
             if x != y:
