@@ -321,6 +321,38 @@ def test_a_kill_held_at_a_planned_fraction_leaves_exactly_that_fraction_on_disk(
     assert size == 1 << 19, f"{size} bytes on disk, the kill was held at {1 << 19}"
 
 
+_READER = """
+import mmap, sys
+with open(sys.argv[1], "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    print(len(m[:]), flush=True)
+"""
+
+
+@needs_faultfs
+def test_a_kill_held_at_faultfs_open_lands_before_any_reader_reads(tmp_path):
+    """A relaunch's load, whatever code reads the file (here a map, as safetensors' loader does):
+    faultfs holds a read-only open until the controller has answered, so a kill there reads nothing."""
+    from ckpt_chaos.run.controller import ProbeServer
+
+    hits = []
+
+    def kill_at_open(e):
+        if e["point"] == "faultfs.open" and not hits:
+            hits.append(e)
+            os.kill(e["pid"], signal.SIGKILL)
+            wait_gone([e["pid"]], timeout=5)
+
+    with ProbeServer(kill_at_open) as server, Storage(tmp_path, StorageSpec(faultfs=True)) as st:
+        (st.ckpt / "model.bin").write_bytes(b"m" * 8192)  # the harness's own write: not reported
+        st.client.call("report", controller=server.address, points=["faultfs.open"], prefix="checkpoints")
+        reader = subprocess.Popen([sys.executable, "-c", _READER, str(st.ckpt / "model.bin")], stdout=subprocess.PIPE,
+                                  env={**os.environ, "CKPT_CHAOS_CONTROLLER": server.address, "RANK": "0"})
+        out, _ = reader.communicate(timeout=30)
+    assert reader.returncode == -signal.SIGKILL and out == b""
+    assert [(h["info"]["path"], h["rank"]) for h in hits] == [("checkpoints/model.bin", 0)]
+
+
 @needs_faultfs
 def test_disk_full_is_a_real_enospc(tmp_path):
     with Storage(tmp_path, StorageSpec(fs="tmpfs", size_mb=8)) as st:

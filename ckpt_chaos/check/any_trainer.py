@@ -36,6 +36,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     _harness_health(run, report, harness_errors or [])
     _faults_fired(run, report)
     ev = Evidence(run)
+    _unfired_loads(run, ev, report)
     gold, got = _steps(golden), ev.steps()
     _completion(run, report, gold, got)
     _fault_effects(run, report)
@@ -43,6 +44,21 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
         _resume(run, ev, report, launch)
     _trajectory(run, ev, report, gold, got)
     return report
+
+
+def _unfired_loads(run: Run, ev: Evidence, report: Report) -> None:
+    """A trigger on a relaunch's load that never fired, where the files show the relaunch did read its
+    checkpoint: it read it with code no patch sees, which the failure says, with where to aim."""
+    for c in report.checks:
+        f = run.s.faults[c.fault] if c.fault is not None and c.check == "fault_fired" else None
+        if c.verdict != "fail" or f is None or not f.when.point.startswith("load."):
+            continue
+        files = [r.path for r in ev.reads(f.attempt)]
+        if files:
+            c.detail += (f"; launch {f.attempt} did read {', '.join(sorted(set(files))[:4])} (seen by "
+                         f"{' and '.join(sorted({r.source for r in ev.reads(f.attempt)}))}), through code no patch of "
+                         "the layer sees, so no load point fired: aim at faultfs.open with that path, or at the "
+                         "relaunch's first step.begin")
 
 
 def _steps(run_dir: Path) -> dict[int, dict]:

@@ -131,8 +131,9 @@ class Evidence:
         writes = [h.t for h in probes if h.point in WRITES and str(h.info.get("path", "")).startswith(self.ckpt + "/")]
         if writes:
             first_write = min(writes) if first_write is None else min(first_write, min(writes))
-        reads += [Read(h.info["path"], "probe layer", h.t, h.info.get("size")) for h in probes
-                  if h.point == "file.read" and str(h.info.get("path", "")).startswith(self.ckpt + "/")]
+        reads += [Read(h.info["path"], "probe layer" if h.point == "file.read" else "faultfs", h.t, h.info.get("size"))
+                  for h in probes if h.point in ("file.read", "faultfs.open")
+                  and str(h.info.get("path", "")).startswith(self.ckpt + "/")]
         return sorted((r for r in reads if first_write is None or r.t <= first_write), key=lambda r: r.t)
 
     def first_step(self, launch: int) -> int | None:
@@ -265,7 +266,8 @@ class Evidence:
         return dict(ex.files or {}) if ex is not None else {}
 
     def golden_files(self) -> dict[str, int]:
-        """The golden run's checkpoint files under their final names, with their sizes."""
+        """The golden run's checkpoint files with their sizes: renamed files under their final names; the
+        files of a folder renamed as a whole (a save's staging folder) under both."""
         out: dict[str, int] = {}
         listing = self.run.golden / "files.json"
         if listing.exists():
@@ -276,13 +278,13 @@ class Evidence:
         for e in events:
             info = e.get("info", {})
             if e.get("point") in ("file.done", "ckpt.shard.done", "faultfs.done") and info.get("path") not in renamed:
-                out.setdefault(info["path"], int(info.get("bytes", 0)))
+                out[info["path"]] = max(out.get(info["path"], 0), int(info.get("bytes", 0)))
         gold_log = self.run.golden / FILE_LOG
         for r in (read_jsonl(gold_log) if gold_log.exists() else []):
             if r.get("op") == "rename":
                 out.pop(r.get("src", ""), None)
             elif r.get("op") == "close" and r.get("wrote") and r.get("size") is not None:
-                out.setdefault(r["path"], r["size"])
+                out[r["path"]] = max(out.get(r["path"], 0), r["size"])  # fanotify sees native writes too
         return {p: s for p, s in out.items() if p.startswith(self.ckpt + "/")}
 
     def in_flight(self, launch: int) -> dict[str, int]:

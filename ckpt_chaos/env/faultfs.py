@@ -415,6 +415,9 @@ class FaultFS(Operations):
     def open(self, path, flags):
         self._check("open", path)
         full = self._full(path)
+        if self.reporter is not None and flags & os.O_ACCMODE == os.O_RDONLY:
+            # before the file is opened: a fault here lands in a load, whatever code does the reading
+            self._hold("faultfs.open", path=self.reporter.path(path))
         with self._mutex:
             if self.lazy and flags & os.O_TRUNC:
                 self._touch_data(full)

@@ -285,7 +285,7 @@ def _timeline(run_dir: Path, history: list[Record]) -> bool:
                     writing.setdefault(path, x)
                 elif p in WRITES.values() and path in writing:
                     bar("write", lane, writing.pop(path), x, y + 0.22, 0.16, colour=COLOURS["file"],
-                        torn=bool(h.info.get("failed")))
+                        torn=bool(h.info.get("failed") or h.info.get("short")))
                 elif p in FILE_MARKS:
                     if p in ("file.rename", "faultfs.rename") and h.info.get("src") in writing:
                         writing[path] = writing.pop(h.info["src"])
