@@ -44,8 +44,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -c "import torch, torchdata; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
+# make test (CI): every test but those marked nightly, in minutes; make test-full (nightly): all of
+# them, the planted bugs against more scenarios than the one that catches each. Both print each
+# phase's time and the slowest tests and files, and keep every test's time in reports/timings/
+# (test.json, test-full.json; the run before as *.prev.json, which the next run compares against).
+PYTEST := $(PY) -m pytest -n 2 --dist worksteal -p tests.timings
 test: setup
-	$(PY) -m pytest -n 2 --dist worksteal tests toxiproxy_server/tests
+	$(PYTEST) -m "not nightly" --timings-json reports/timings/test.json tests toxiproxy_server/tests
+
+.PHONY: test-full
+test-full: setup
+	$(PYTEST) --timings-json reports/timings/test-full.json tests toxiproxy_server/tests
 
 # CHAOS_FLAGS=--strict (CI): a scenario this machine cannot run fails the suite instead of skipping.
 # CHAOS_SUITE=full (nightly): every scenario, not only the default suite's.
@@ -53,22 +62,35 @@ test: setup
 # run alone, so the verdicts are a serial run's. CHAOS_JOBS=1: one after the other.
 CHAOS_SUITE ?= default
 CHAOS_JOBS  ?= auto
+# Each phase's time, and each scenario's, go to reports/timings/chaos.json (.ci/times.py), compared
+# with the run before at the end.
+TIMES := $(PYTHON) .ci/times.py
 chaos: setup
-	$(VENV)/bin/ckpt-chaos run --suite $(CHAOS_SUITE) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
-	@if command -v chromium >/dev/null; then $(VENV)/bin/ckpt-chaos report reports/$(CHAOS_SUITE)/latest --no-plots --browser; \
-	else echo "WARNING: no chromium here: the report was not checked in a browser (make setup installs it as root)" >&2; fi
+	@$(TIMES) start chaos
+	$(TIMES) phase chaos "suite $(CHAOS_SUITE)" --suite-run reports/$(CHAOS_SUITE)/latest -- \
+	  $(VENV)/bin/ckpt-chaos run --suite $(CHAOS_SUITE) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
+	@$(TIMES) phase chaos "report in Chromium" -- bash -c 'if command -v chromium >/dev/null; then \
+	  $(VENV)/bin/ckpt-chaos report reports/$(CHAOS_SUITE)/latest --no-plots --browser; \
+	else echo "WARNING: no chromium here: the report was not checked in a browser (make setup installs it as root)" >&2; fi'
 # Fault-schedule search against the reference trainer: a small fixed budget and seed (CI); a finding
 # fails the target and is kept in the catalogue's regressions folder, where it joins the default
 # suite. Nightly: ckpt-chaos explore --budget 2h.
-	$(VENV)/bin/ckpt-chaos explore --budget 90s --shrink-budget 120s --seed 0 --no-database \
-	  --regressions ckpt_chaos/scenarios/regressions
+	$(TIMES) phase chaos search -- $(VENV)/bin/ckpt-chaos explore --budget 90s --shrink-budget 120s --seed 0 \
+	  --no-database --regressions ckpt_chaos/scenarios/regressions
+	@$(TIMES) summary chaos
 
 # Third-party trainers, unmodified (examples/: a plain PyTorch DDP loop, Lightning, Accelerate), each
 # under its scenarios through the automatic probe layer. A framework bug the harness shows is kept as
 # a known failure (xfail): CI stays green while it is there and turns red the day it is fixed.
+# EXAMPLES_SUITE=full (nightly): every scenario of those folders; CI's suite, examples, holds one per
+# fault kind per trainer. Times: reports/timings/chaos-examples.json.
 EXAMPLES := examples/plain_ddp/scenarios examples/lightning/scenarios examples/accelerate/scenarios
+EXAMPLES_SUITE ?= examples
 chaos-examples: setup
-	$(VENV)/bin/ckpt-chaos run --suite examples $(addprefix --scenarios ,$(EXAMPLES)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
+	@$(TIMES) start chaos-examples
+	$(TIMES) phase chaos-examples "suite $(EXAMPLES_SUITE)" --suite-run reports/$(EXAMPLES_SUITE)/latest -- \
+	  $(VENV)/bin/ckpt-chaos run --suite $(EXAMPLES_SUITE) $(addprefix --scenarios ,$(EXAMPLES)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
+	@$(TIMES) summary chaos-examples
 
 # Trainers the probe layer finds hardest (examples/: a Hugging Face Trainer, a safetensors loop with a
 # DeepSpeed-style latest pointer, a trainer that reads its checkpoint in C++), each with a planted bug;

@@ -10,6 +10,11 @@ import pytest
 from tests.helpers import final_state, log_tail, train
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "nightly: only in `make test-full` (nightly); `make test` deselects it "
+                                       "(-m 'not nightly'): what another test of make test already asserts or reaches")
+
+
 @pytest.fixture(scope="session")
 def golden(tmp_path_factory):
     """Fault-free runs, computed once per test worker and world size."""
