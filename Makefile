@@ -17,7 +17,7 @@ SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io 
                    slurm-wlm munge
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
-.PHONY: setup test chaos chaos-examples chaos-compat bench coverage mutation clean
+.PHONY: setup test chaos chaos-examples chaos-compat compat bench coverage mutation clean
 
 setup: $(STAMP) $(SYSTEM_STAMP)
 
@@ -99,6 +99,24 @@ COMPAT := $(wildcard examples/*/scenarios)
 chaos-compat: setup
 	$(VENV)/bin/ckpt-chaos run --suite compat $(addprefix --scenarios ,$(COMPAT)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
 
+# ckpt-chaos beside another torch release (nightly, not CI): a second venv, $(COMPAT_VENV), holds torch
+# $(COMPAT_TORCH) (the CUDA build on this machine's disk, about 5.5 GB, which runs on the CPU; about 10 GB
+# of disk in all) with the Lightning, Accelerate and transformers releases beside it. The ckpt-chaos wheel
+# goes in with its core extras and must leave that torch as it is; the plain PyTorch and Lightning
+# examples' kill-mid-write and SIGTERM scenarios must give the verdicts they give under $(VENV)'s torch.
+# The table: benchmarks/results/compat.md; a verdict that differs fails the target.
+COMPAT_VENV       := .venv-compat
+COMPAT_TORCH      ?= 2.14.1
+COMPAT_FRAMEWORKS ?= lightning==2.6.6 accelerate==1.15.0 transformers==5.24.0
+compat: setup
+	@if [ ! -x $(COMPAT_VENV)/bin/python ]; then \
+	  free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  if [ "$$free" -lt 12 ]; then echo "make compat: $$free GiB free here; $(COMPAT_VENV) needs about 12" >&2; exit 1; fi; \
+	  $(PYTHON) -m venv $(COMPAT_VENV); fi
+	$(COMPAT_VENV)/bin/python -m pip install --quiet torch==$(COMPAT_TORCH) $(COMPAT_FRAMEWORKS) 2>&1 | { grep -v "is ignored" || true; }
+	$(COMPAT_VENV)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
+	$(PY) benchmarks/compat.py --venv $(VENV) --venv $(COMPAT_VENV)
+
 # Which lines of the reference trainer's checkpoint path the default suite reaches, every process
 # measured; the figures and each unreached line with its reason: benchmarks/results/trainer_coverage.md.
 coverage: setup
@@ -128,4 +146,4 @@ mutation: setup
 	$(PY) benchmarks/mutation.py $(MUTATION_FLAGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(COMPAT_VENV) runs .pytest_cache build *.egg-info

@@ -213,6 +213,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                          "folder, --builtin adds the built-in catalogue")
     if args.junitxml and Path(args.junitxml).is_dir():
         raise UsageError(f"--junitxml {args.junitxml}: is a folder; give a file name such as chaos-junit.xml")
+    if (code := _needs_trainer(chosen)) is not None:
+        return code
     target = _slurm_target(args)
     if target is not None:
         from ckpt_chaos.run import fanout
@@ -335,6 +337,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     for r in rows:
         if r["verdict"] == "xfail":
             console.print(f"[cyan]XFAIL[/] {r['scenario']}: {escape(r['reason'][:300])}", highlight=False)
+    for r in rows:  # a check that does not change the verdict but says something (probe_versions)
+        for c in r.get("checks", []):
+            if c["verdict"] == "warn":
+                console.print(f"[yellow]WARNING[/] {r['scenario']}: {c['name']}: {escape(c['detail'])}", highlight=False)
     # Last, so that a CI log cut to its tail still names what failed and why.
     for r in failing:
         console.print(f"[red]{'XPASS' if r['verdict'] == 'xpass' else 'FAILED'}[/] {r['scenario']} ({r['run_dir']})")
@@ -502,6 +508,21 @@ def _needs(extra: str, command: str) -> int | None:
     if why is None:
         return None
     print(f"ckpt-chaos {command}: {why}", file=sys.stderr)
+    return EXIT_CANNOT_RUN
+
+
+def _needs_trainer(chosen: list) -> int | None:
+    """The reference trainer's torch is an extra (the core installs none): a run that trains it
+    without torch here stops before anything starts, with one line that names the extra."""
+    ours = [s.name for s in chosen if s.command is None]
+    why = missing_extra("trainer") if ours else None
+    if why is None:
+        return None
+    which = ours[0] if len(ours) == 1 else (("the " if len(ours) == len(chosen) else f"{len(ours)} of the ")
+                                            + f"{len(chosen)} scenarios ({', '.join(ours[:3])}"
+                                            + f"{', ...' if len(ours) > 3 else ''})")
+    print(f"ckpt-chaos run: {which} train{'s' if len(ours) == 1 else ''} the reference trainer, which {why}",
+          file=sys.stderr)
     return EXIT_CANNOT_RUN
 
 

@@ -1,9 +1,11 @@
 """The optional parts of ckpt-chaos, and the one line that says which one to install.
 
 The core (process faults on the local backend, checks, the HTML table) needs only the base
-dependencies. Each extra below brings the modules one fault family or tool needs; code that uses
-them imports them inside functions and asks ``missing_extra`` first, so a missing extra skips a
-scenario (or stops a command) with that line instead of an ImportError.
+dependencies, torch not among them: the harness never imports it, and a trainer of one's own runs
+on the project's torch. Each extra below brings the modules one fault family or tool needs (the
+``trainer`` extra: the reference trainer's torch); code that uses them imports them inside
+functions and asks ``missing_extra`` first, so a missing extra skips a scenario (or stops a
+command) with that line instead of an ImportError.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ DISTRIBUTION = "ckpt-chaos"
 
 # extra -> the top-level modules it provides (import names, not distribution names)
 EXTRAS: dict[str, tuple[str, ...]] = {
+    "trainer": ("torch", "torchdata"),  # the reference trainer (the built-in catalogue's); not the harness
     "storage": ("mfusepy",),  # faultfs, the FUSE layer of storage faults
     "cluster": ("docker",),  # the Docker backend (the netns backend needs no Python package)
     "remote": ("boto3", "moto", "flask", "toxiproxy"),  # S3 tier: client, moto's server, the proxy's client

@@ -33,7 +33,9 @@ file is planned at the size of the file it becomes, and its points carry that fi
 (``aliases``), so a trigger on the final name fires on the temporary file's writes.
 
 Each process says which patches took (``probe.armed``, sent before its first point and again when
-an import arms more), so the harness can tell a point that cannot fire from one that did not.
+an import arms more), so the harness can tell a point that cannot fire from one that did not; and
+which release of each framework it patched (``versions``), with a line for each outside the range
+the layer supports (``unsupported``; ``probe/versions.py``), which the run's result carries.
 
 The recorder writes one line per optimizer step of rank 0 to ``RUN_DIR/trajectory.jsonl``: the step,
 the loss of each backward of the step (float bits, ``float.hex``), the learning rate, the ids of
@@ -59,7 +61,7 @@ import threading
 import time
 
 from ckpt_chaos import probe
-from ckpt_chaos.probe import follow
+from ckpt_chaos.probe import follow, versions
 
 ENV_DIRS = "CKPT_CHAOS_AUTO_DIRS"  # os.pathsep-separated directories whose files are watched
 ENV_RUN_DIR = "CKPT_CHAOS_RUN_DIR"  # where the recorder writes (the harness's run directory)
@@ -106,6 +108,8 @@ class _State:
         self.fds: dict[tuple[str, int], int] = {}  # (file in the run directory, pid) -> descriptor
         self.armed: list[str] = []
         self.reported: set[str] = set()  # patches this process has told the controller about
+        self.versions: dict[str, str | None] = {}  # framework -> the release found when it was patched
+        self.unsupported: list[str] = []  # a line for each release outside versions.SUPPORTED
         self.pid = 0
         self.local = threading.local()  # re-entrancy: a patched call inside another is not reported twice
         self.fds: dict[int, str] = {}  # open file descriptors of watched files -> path, for fsync
@@ -134,10 +138,11 @@ def _point(name: str, /, **info) -> None:
     """Report a point, first telling the controller what is armed if that changed."""
     if os.getpid() != _s.pid:  # a forked child (a data-loader worker) reports as itself, from scratch
         _s.pid, _s.reported = os.getpid(), set()
-    new = [a for a in _s.armed if a not in _s.reported]
+    new = [a for a in [*_s.armed, *(f"version:{n}" for n in _s.versions)] if a not in _s.reported]
     if new:
         _s.reported.update(new)
-        probe.point("probe.armed", armed=list(_s.armed), points=sorted(armed_points(_s.armed)))
+        probe.point("probe.armed", armed=list(_s.armed), points=sorted(armed_points(_s.armed)),
+                    versions=dict(_s.versions), **({"unsupported": list(_s.unsupported)} if _s.unsupported else {}))
     probe.point(name, **info)
 
 
@@ -623,10 +628,34 @@ def _patch_accelerate(module) -> None:
     _arm("accelerate")
 
 
+def _patch_transformers(module) -> None:
+    """Nothing to patch: transformers.Trainer saves through torch.save and safetensors' writer, which
+    the file patches see; its release is checked (``_found``), as every patched framework's is."""
+
+
+def _found(module) -> str | None:
+    """Note the release of the framework ``module`` belongs to, the first time one of its modules is
+    patched in this process, and whether the layer supports it (``versions.SUPPORTED``): the line
+    goes to the trainer's log and, with the next ``probe.armed``, to the run's result. Never raises."""
+    try:
+        name, version = versions.of(module)
+        if name is None or name in _s.versions:
+            return versions.unsupported(name, _s.versions[name]) if name is not None else None
+        _s.versions[name] = version
+        why = versions.unsupported(name, version)
+        if why:
+            _s.unsupported.append(why)
+            print(f"ckpt-chaos auto probe: {why}", file=sys.stderr, flush=True)
+        return why
+    except Exception:  # a version the layer cannot read is no reason to stop the trainer
+        return None
+
+
 _AFTER_IMPORT = {"torch": _patch_torch, "torch.distributed.checkpoint": _patch_dcp,
                  "lightning.pytorch.trainer.trainer": _patch_lightning,
                  "pytorch_lightning.trainer.trainer": _patch_lightning,
-                 "accelerate.accelerator": _patch_accelerate}
+                 "accelerate.accelerator": _patch_accelerate,
+                 "transformers": _patch_transformers}
 
 
 class _Loader(importlib.abc.Loader):
@@ -638,10 +667,12 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
+        why = _found(module)
         try:
             self._then(module)
         except Exception as e:  # a patch that does not take is reported by its absence, not a crash
-            print(f"ckpt-chaos auto probe: patching {module.__name__} failed: {e!r}", file=sys.stderr, flush=True)
+            print(f"ckpt-chaos auto probe: patching {module.__name__} failed: {e!r}" + (f"; {why}" if why else ""),
+                  file=sys.stderr, flush=True)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -865,6 +896,7 @@ def install() -> None:
     _patch_files()
     for name, then in _AFTER_IMPORT.items():
         if name in sys.modules:
+            _found(sys.modules[name])
             then(sys.modules[name])
     sys.meta_path.insert(0, _AfterImport())
     import atexit

@@ -437,7 +437,7 @@ _TEMPLATE = _env.from_string("""<!doctype html>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; max-width: 1300px; }
 table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 4px 8px; vertical-align: top; }
 th { background: #f3f3f3; cursor: pointer; user-select: none; } th:after { content: " \\2195"; color: #aaa; }
-.pass { background: #e5f5e0; } .fail, .xpass { background: #fde0dd; } .skipped { background: #fff7bc; }
+.pass { background: #e5f5e0; } .fail, .xpass { background: #fde0dd; } .skipped, li.warn { background: #fff7bc; }
 .xfail { background: #e0ecf4; }
 td.num { text-align: right; } #banner { padding: 1em; font-size: 1.3em; margin-bottom: 1em; border-radius: 6px; }
 .family { display: inline-block; margin: 0 1em 0.5em 0; padding: 2px 8px; border-radius: 4px; }

@@ -36,10 +36,14 @@ WRITTEN = {"file.write": "file.done", "ckpt.shard.write": "ckpt.shard.done", "fa
 
 
 def missing(s: Scenario) -> str | None:
-    """Why this machine cannot run the trainer: a module it needs is not installed."""
+    """Why this machine cannot run the trainer: a module it needs is not installed. torch counts
+    where the trainer runs in this environment (under its torchrun, or as ``{python}``): the probe
+    layer sees its steps through torch's optimizer, and the core installs no torch of its own."""
     import importlib.util
 
-    absent = [m for m in s.command.requires if importlib.util.find_spec(m) is None]
+    c = s.command
+    here = c.launcher == "torchrun" or (c.argv and c.argv[0] == "{python}")
+    absent = [m for m in dict.fromkeys((["torch"] if here else []) + c.requires) if importlib.util.find_spec(m) is None]
     if absent:
         return (f"the trainer needs the Python module(s) {', '.join(absent)}, which are not installed "
                 "(for the examples: pip install 'ckpt-chaos[examples]')")
@@ -202,6 +206,13 @@ def _key_files(s: Scenario, root: Path | None = None) -> list[Path]:
     return found
 
 
+def _torch_version() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a trainer that runs on an interpreter of its own
+        return None
+
+
 def golden_key(s: Scenario) -> str:
     h = hashlib.sha256()
     tree = golden_tree()  # pinned (mutation testing): the pristine tree's files, not the mutant's
@@ -214,7 +225,7 @@ def golden_key(s: Scenario) -> str:
     blob = json.dumps({"argv": c["argv"], "launcher": c["launcher"], "ckpt_dir": c["ckpt_dir"], "watch": c["watch"],
                        "env": c["env"], "digest_every": c["digest_every"], "world_size": s.world_size, "files": h.hexdigest(),
                        "faultfs": uses_faultfs(s),
-                       "torch": importlib.metadata.version("torch"), "python": platform.python_version()},
+                       "torch": _torch_version(), "python": platform.python_version()},
                       sort_keys=True)
     return "cmd-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
 

@@ -51,6 +51,7 @@ from ckpt_chaos.report import trainer_coverage
 from ckpt_chaos.scenario import Scenario
 from ckpt_chaos.env.storage import Storage, remove_leftovers
 from ckpt_chaos.env.fileevents import FileEvents
+from ckpt_chaos.extras import missing_extra
 
 # torchrun's line when it begins to close a worker group (torch/distributed/elastic/multiprocessing/api.py).
 CLOSING = re.compile(r"Sending process (\d+) closing signal SIGTERM")
@@ -113,11 +114,27 @@ def golden_config(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in PACING}
 
 
+def torch_version() -> str | None:
+    """torch's version from its metadata (importing torch would cost the harness a second), or None
+    where this environment has none (the core installs without it)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def trainer_missing(s: Scenario) -> str | None:
+    """Why the scenario's trainer cannot start here (None: it can): a ``[command]`` trainer's modules,
+    else the reference trainer's torch, which the core does not install (the ``trainer`` extra)."""
+    if s.command is not None:
+        return command.missing(s)
+    return missing_extra("trainer")
+
+
 def golden_key(module: str, cfg: dict, world_size: int) -> str:
     cfg = golden_config(cfg)
-    # torch's version from its metadata: importing torch here would cost the harness a second
     blob = json.dumps({"module": module, "cfg": cfg, "world_size": world_size, "code": _code_hash(module),
-                       "torch": importlib.metadata.version("torch"), "python": platform.python_version()},
+                       "torch": torch_version(), "python": platform.python_version()},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
@@ -550,9 +567,13 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path | None = None) -
 def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) -> Result:
     started = time.monotonic()
     base = Result(scenario=s.name, verdict="skipped", families=s.families, kinds=s.kinds, tags=s.tags)
-    why = requirements(s) or (command.missing(s) if s.command is not None else None)
+    why = requirements(s)
     if why:
         base.reason = f"cannot inject {why}"
+        return base
+    why = trainer_missing(s)
+    if why:
+        base.reason = f"cannot train: {why}"
         return base
     if not s.cluster.multi_node and s.recovery.relaunch != "torchrun" and s.command is None:
         with trainer_coverage.measuring(s.name):  # the spare the chaos run takes, not the golden run's
@@ -625,7 +646,7 @@ def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str]
     saves = [e["total_s"] for e in events if e.get("total_s") is not None]
     stalls = [e["stall_s"] for e in events if e.get("stall_s") is not None]
     # A scenario passes only if every check that applies passed: one that could not tell fails it.
-    return Result(scenario=s.name, verdict="pass" if report.verdict == "pass" else "fail", reason=report.reason,
+    result = Result(scenario=s.name, verdict="pass" if report.verdict == "pass" else "fail", reason=report.reason,
                   families=s.families,
                   kinds=s.kinds, tags=s.tags, checks=[asdict(c) for c in report.checks],
                   launches=report.launches, steps_lost=report.steps_lost,
@@ -633,3 +654,26 @@ def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str]
                   save_s=statistics.median(saves) if saves else None,
                   save_stall_s=statistics.median(stalls) if stalls else None, resumed_from=report.resumed_from,
                   run_dir=str(run_dir))
+    versions = probe_versions(read_history(run_dir))
+    if versions is not None:
+        result.checks.append(versions)
+    return result
+
+
+def probe_versions(history: list) -> dict | None:
+    """The ``probe_versions`` check of a run whose trainer the automatic probe layer patched: the
+    framework releases its processes reported (``probe.armed``), and a warning for each outside the
+    releases the layer supports (``ckpt_chaos/probe/versions.py``). A warning does not change the
+    verdict; it says why a point may not have fired. None where no process reported a release."""
+    found: dict[str, str | None] = {}
+    lines: list[str] = []
+    for e in of(history, ProbeEvent):
+        if e.point == "probe.armed":
+            found.update(e.info.get("versions") or {})
+            lines += [line for line in e.info.get("unsupported") or () if line not in lines]
+    if not found:
+        return None
+    seen = ", ".join(f"{name} {version}" for name, version in sorted(found.items()))
+    return {"name": "probe_versions", "check": "probe_versions", "fault": None, "at": None,
+            "verdict": "warn" if lines else "pass",
+            "detail": "; ".join(lines) if lines else f"{seen}: releases the probe layer supports"}
