@@ -46,10 +46,10 @@ def checks(result) -> dict[str, tuple[str, str]]:
     return {c["name"]: (c["verdict"], c["detail"]) for c in result.checks}
 
 
-def test_the_unmodified_example_survives_a_kill_half_way_through_its_checkpoint(tmp_path, golden_root):
-    r = run(tmp_path, golden_root)
-    assert r.verdict == "pass", r.reason
-    c = checks(r)
+def test_the_unmodified_example_survives_a_kill_half_way_through_its_checkpoint(plain_ddp_mid_write):
+    row = plain_ddp_mid_write.row  # the session's run of MID_WRITE (tests/conftest.py)
+    assert row["verdict"] == "pass", row["reason"]
+    c = {c["name"]: (c["verdict"], c["detail"]) for c in row["checks"]}
     assert c["resumed_newest@1"] == ("pass", "it loaded checkpoints/step_00000004.pt, the newest complete checkpoint "
                                              "(its torch.load)")
     assert c["trajectory"] == ("pass", "12 steps identical to the golden run, bit for bit, and the state the job "

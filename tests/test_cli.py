@@ -79,7 +79,7 @@ def test_a_project_table_with_an_unknown_key_exits_2(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def suite_run(tmp_path_factory):
+def suite_run(tmp_path_factory, golden_root):
     """``ckpt-chaos run --json --junitxml`` over a passing scenario and a known failure, from a project
     directory whose own pyproject names its scenario folder; output under the current directory."""
     project = tmp_path_factory.mktemp("project")
@@ -89,7 +89,7 @@ def suite_run(tmp_path_factory):
                                                                    known='known_failure = "trajectory"'))
     (project / "pyproject.toml").write_text('[tool.ckpt-chaos]\nscenarios = ["chaos"]\n')
     out = cli("run", "lose-node", "known-bug", "--json", "--junitxml", "junit.xml", "--golden-dir",
-              str(project / "golden"), cwd=project, timeout=900)
+              str(golden_root), cwd=project, timeout=900)
     return project, out
 
 

@@ -15,7 +15,6 @@ import pytest
 from ckpt_chaos.check import any_trainer
 from ckpt_chaos.check.evidence import Evidence
 from ckpt_chaos.check.checks import Run
-from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
 from tests.helpers import REPO
 
@@ -27,14 +26,12 @@ LAYER_FILES = ("file.write", "file.done", "file.read", "file.fsync", "file.renam
 
 
 @pytest.fixture(scope="module")
-def stored(tmp_path_factory, command_golden_root):
-    """(scenario, run directory, golden directory) of one passing run."""
-    tmp = tmp_path_factory.mktemp("evidence")
-    s = load(MID_WRITE)
-    result = run_scenario(s, tmp / "out", command_golden_root)
-    assert result.verdict == "pass", result.reason
-    run_dir = next((tmp / "out").rglob("history.jsonl")).parent
-    return s, run_dir, (run_dir / "golden").resolve()
+def stored(plain_ddp_mid_write):
+    """(scenario, run directory, golden directory) of one passing run of MID_WRITE: the session's, made
+    once for every test that reads it (tests/conftest.py); never changed here (``_copy``)."""
+    r = plain_ddp_mid_write
+    assert r.scenario.source == load(MID_WRITE).source and r.row["verdict"] == "pass", r.row["reason"]
+    return r.scenario, r.run_dir, r.golden
 
 
 def _copy(stored, tmp_path: Path) -> tuple[Path, Path]:

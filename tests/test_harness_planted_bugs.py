@@ -17,11 +17,6 @@ pytestmark = pytest.mark.slow
 SCENARIOS = builtin_scenarios() / "process"
 
 
-@pytest.fixture(scope="session")
-def golden_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("golden")
-
-
 def run(tmp_path, golden_root, scenario_file: str, module: str = "reference_trainer"):
     """Run a catalogue scenario (``FILE`` of the process family, or ``FAMILY/FILE``) with ``module``."""
     path = builtin_scenarios() / scenario_file if "/" in scenario_file else SCENARIOS / scenario_file

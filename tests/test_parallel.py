@@ -171,9 +171,9 @@ def _project(root: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_parallel_run_has_the_serial_verdicts_in_catalogue_order(tmp_path):
+def test_parallel_run_has_the_serial_verdicts_in_catalogue_order(tmp_path, golden_root):
     project = _project(tmp_path / "project")
-    golden = str(tmp_path / "golden")
+    golden = str(golden_root)
     runs = {}
     for jobs in ("1", "2"):
         out = cli("run", "-n", jobs, "--json", "--junitxml", f"junit-{jobs}.xml", "--reports", f"r{jobs}",

@@ -95,7 +95,7 @@ def test_the_ini_option_makes_only_its_folders_scenarios(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def three_scenarios(tmp_path_factory):
+def three_scenarios(tmp_path_factory, golden_root):
     """One pytest run over three small scenarios: one that passes, a planted bug declared as a known
     failure of the check it fails, and the correct trainer with the same declaration (fixed)."""
     tmp = tmp_path_factory.mktemp("plugin")
@@ -108,7 +108,7 @@ def three_scenarios(tmp_path_factory):
                                                        known='known_failure = "trajectory"'))
     junit = tmp / "junit.xml"
     out = pytest_in(tmp, "--chaos", "chaos", "-rA", f"--junitxml={junit}", "--chaos-out", str(tmp / "runs"),
-                    "--chaos-golden", str(tmp / "golden"), timeout=900)
+                    "--chaos-golden", str(golden_root), timeout=900)
     cases = {c.get("name"): c for c in ET.parse(junit).iter("testcase")}
     return out, cases
 

@@ -24,11 +24,6 @@ from ckpt_chaos.scenario import ScenarioError, from_dict, load
 SCENARIOS = builtin_scenarios() / "remote"
 
 
-@pytest.fixture(scope="session")
-def golden_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("golden")
-
-
 def _no_children_left() -> None:
     launcher.close_spares()  # the warm launcher agents are the harness's, kept for the next launch
     alive = [p for p in psutil.Process().children(recursive=True) if p.is_running()

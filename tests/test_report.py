@@ -29,11 +29,11 @@ ARTEFACTS = REPO / "reports" / "artefacts"
 
 
 @pytest.fixture(scope="module")
-def suite_run(tmp_path_factory):
+def suite_run(tmp_path_factory, golden_root):
     """A suite run directory holding one real chaos run (rank 1 killed mid-write) and one skipped row."""
     out = tmp_path_factory.mktemp("suite")
     s = load(builtin_scenarios() / "process" / "kill-rank1-mid-shard-write.toml")
-    ran = run_scenario(s, out, tmp_path_factory.mktemp("golden"))
+    ran = run_scenario(s, out, golden_root)
     skipped = Result(scenario="needs-what-is-missing", verdict="skipped", families=["storage"], kinds=["disk_full"],
                      reason="cannot inject disk_full on fs=tmpfs: not root")
     failed = dataclasses.replace(ran, scenario="a-failed-one", verdict="fail", run_dir="",

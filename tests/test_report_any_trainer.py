@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,14 +24,13 @@ from ckpt_chaos.check import any_trainer
 from ckpt_chaos.check.history import step_loss
 from ckpt_chaos.report import results
 from ckpt_chaos.report.plots import plot_scenario, wanted
-from ckpt_chaos.run.runner import Result, run_scenario
+from ckpt_chaos.run.runner import Result
 from ckpt_chaos.scenario import load
 from tests.helpers import REPO
 from tests import test_any_trainer
 
 MID_WRITE = test_any_trainer.MID_WRITE
 NAME = MID_WRITE.stem
-golden_root = test_any_trainer.golden_root  # its fixture: a golden cache for this module
 T0 = 1_800_000_000.0
 
 
@@ -218,11 +218,10 @@ def test_results_name_a_command_trainer_by_its_command_and_source():
 @pytest.mark.slow
 @pytest.mark.skipif(results.chromium() is None,
                     reason="no chromium here (make setup installs Debian's chromium as root)")
-def test_the_report_of_a_command_scenario_shows_its_loss_and_timeline_in_chromium(tmp_path, golden_root):
-    out = tmp_path / "suite"
-    out.mkdir()
-    s = load(MID_WRITE)
-    row = results.scenario_row(run_scenario(s, out, golden_root), s)
+def test_the_report_of_a_command_scenario_shows_its_loss_and_timeline_in_chromium(tmp_path, plain_ddp_mid_write):
+    out = tmp_path / "suite"  # a copy of the session's run of MID_WRITE (tests/conftest.py), the report written in it
+    shutil.copytree(plain_ddp_mid_write.suite, out, symlinks=True)
+    row = {**plain_ddp_mid_write.row, "run_dir": str(out / NAME)}
     assert row["verdict"] == "pass", row["reason"]
     html = results.write(out, "examples", [row], wall_s=row["wall_s"], plots=True)
     run_dir = out / NAME

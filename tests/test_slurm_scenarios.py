@@ -27,11 +27,6 @@ NO_SLURM = missing()
 SCENARIOS = builtin_scenarios() / "slurm"
 
 
-@pytest.fixture(scope="module")
-def golden_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("golden")
-
-
 def run(tmp_path, golden_root, scenario_file: str, module: str):
     s = dataclasses.replace(load(SCENARIOS / scenario_file), trainer_module=module)
     return run_scenario(s, tmp_path, golden_root)

@@ -428,11 +428,6 @@ def test_leftovers_of_a_killed_harness_are_removed(tmp_path):
 
 # ---- planted storage bugs ------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def golden_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("golden")
-
-
 def run_planted(tmp_path, golden_root, scenario_file: str, module: str):
     s = dataclasses.replace(load(SCENARIOS / scenario_file), trainer_module=module)
     result = run_scenario(s, tmp_path, golden_root)
