@@ -62,12 +62,12 @@ def test_cov_source_without_coverage_is_refused(tmp_path):
 
 
 def test_coverage_follows_a_trainer_of_its_own(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "run", "--suite", "examples", "--coverage",
+    out = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "run", "--suite", "full", "--coverage",
                           "--scenarios", str(REPO / "examples" / "plain_ddp" / "scenarios"),
                           "-k", "plain-ddp-kill-rank0-mid-file-write", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    summary = json.loads((tmp_path / "reports" / "examples" / "latest" / "coverage" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "reports" / "full" / "latest" / "coverage" / "summary.json").read_text())
     assert list(summary["files"]) == ["examples/plain_ddp/train.py"]
     assert summary["files"]["examples/plain_ddp/train.py"]["percent"] > 80  # its save and resume ran
     assert "examples/plain_ddp/train.py: lines" in out.stdout + out.stderr
