@@ -67,6 +67,15 @@ class StoredRun:
     golden: Path
     row: dict  # its row of results.json, as the run's result.json has it
 
+    @property
+    def result(self):
+        """The row as the ``Result`` that ``run_scenario`` returned."""
+        from dataclasses import fields
+
+        from ckpt_chaos.run.runner import Result
+
+        return Result(**{f.name: self.row[f.name] for f in fields(Result) if f.name in self.row})
+
 
 def stored_run(root: Path, scenario: Scenario, golden_root: Path) -> StoredRun:
     """``scenario`` run once under ``root`` by whichever test worker asks first, the others waiting for it."""
@@ -100,6 +109,17 @@ def plain_ddp_mid_write(stored_root, command_golden_root) -> StoredRun:
     test_report_any_trainer.py)."""
     return stored_run(stored_root, load(REPO / "examples" / "plain_ddp" / "scenarios"
                                         / "plain-ddp-kill-rank0-mid-file-write.toml"), command_golden_root)
+
+
+@pytest.fixture(scope="session")
+def reference_mid_write(stored_root, golden_root) -> StoredRun:
+    """The reference trainer with rank 1 killed half-way through its shard of the 2nd checkpoint
+    (kill-rank1-mid-shard-write): a passing run, made once, read by tests/test_harness_planted_bugs.py
+    and test_report.py."""
+    from ckpt_chaos.config import builtin_scenarios
+
+    return stored_run(stored_root, load(builtin_scenarios() / "process" / "kill-rank1-mid-shard-write.toml"),
+                      golden_root)
 
 
 PLANTED = "tests.planted."

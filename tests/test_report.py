@@ -19,21 +19,20 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from ckpt_chaos import __version__
-from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.report import results
-from ckpt_chaos.run.runner import Result, run_scenario
-from ckpt_chaos.scenario import load
+from ckpt_chaos.run.runner import Result
 from tests.helpers import REPO
 
 ARTEFACTS = REPO / "reports" / "artefacts"
 
 
 @pytest.fixture(scope="module")
-def suite_run(tmp_path_factory, golden_root):
-    """A suite run directory holding one real chaos run (rank 1 killed mid-write) and one skipped row."""
+def suite_run(tmp_path_factory, reference_mid_write):
+    """A suite run directory holding one real chaos run (rank 1 killed mid-write: a copy of the session's,
+    tests/conftest.py) and one skipped row."""
     out = tmp_path_factory.mktemp("suite")
-    s = load(builtin_scenarios() / "process" / "kill-rank1-mid-shard-write.toml")
-    ran = run_scenario(s, out, golden_root)
+    shutil.copytree(reference_mid_write.suite, out, symlinks=True, dirs_exist_ok=True)
+    ran = dataclasses.replace(reference_mid_write.result, run_dir=str(out / reference_mid_write.scenario.name))
     skipped = Result(scenario="needs-what-is-missing", verdict="skipped", families=["storage"], kinds=["disk_full"],
                      reason="cannot inject disk_full on fs=tmpfs: not root")
     failed = dataclasses.replace(ran, scenario="a-failed-one", verdict="fail", run_dir="",

@@ -1,0 +1,176 @@
+"""The planted-bug matrix: every planted trainer (``tests/planted/``) and the one scenario that catches
+it in ``make test``; nightly (``make test-full``) each runs against every scenario of the default suite
+that runs a trainer module, to show which of them catch it.
+
+``make test`` runs each planted trainer once, against the scenario named here, in the test named here
+(which asserts the diagnosis); the unit tests below hold that table to the tests and the catalogue
+without launching anything, so a planted trainer without a test that catches it fails ``make test``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from ckpt_chaos.config import builtin_scenarios
+from ckpt_chaos.scenario import catalogue, load
+from tests.helpers import REPO
+
+PLANTED = REPO / "tests" / "planted"
+
+# planted trainer -> (the scenario that catches it, or None where a test drives the trainer itself;
+#                     the make-test test that runs it there)
+CATCHES: dict[str, tuple[str | None, str]] = {
+    "accepts_any_config": ("process/relaunch-with-changed-lr-is-refused.toml",
+                           "test_harness_planted_bugs.py::test_a_resume_that_accepts_a_changed_learning_rate_is_caught"),
+    "async_commit_not_uploaded": ("remote/async-saves-then-disk-lost.toml",
+                                  "test_harness_planted_bugs.py::test_async_checkpoints_never_handed_to_the_uploader_are_caught"),
+    "async_stage_time_lost": ("process/kill-async-save-mid-write.toml",
+                              "test_harness_planted_bugs.py::test_an_async_save_whose_copy_went_untimed_is_caught"),
+    "async_write_error_ignored": ("storage/errno-in-async-save-then-shard-cut-on-load.toml",
+                                  "test_harness_planted_bugs.py::test_an_async_save_committed_although_its_write_failed_is_caught"),
+    "best_in_memory": ("process/retention-milestones-and-best-across-a-crash.toml",
+                       "test_harness_planted_bugs.py::test_retention_that_forgets_the_best_checkpoint_on_a_relaunch_is_caught"),
+    "ckpt_dir_per_restart": ("slurm/slurm-kill-rank1-mid-shard-write.toml",
+                             "test_slurm_scenarios.py::test_a_checkpoint_folder_keyed_on_the_restart_count_is_caught_resuming_from_scratch"),
+    "commit_hashes_files_on_disk": ("storage/stray-bytes-in-a-shard-before-its-commit.toml",
+                                    "test_harness_planted_bugs.py::test_a_commit_that_hashes_its_files_as_they_are_on_disk_is_caught"),
+    # not a checkpoint bug: a trainer that crashes natively, for the harness's retry of such a run
+    "crashes_natively": ("process/kill-rank1-mid-shard-write.toml",
+                         "test_harness_planted_bugs.py::test_a_native_crash_where_no_fault_fired_or_a_segfault_is_run_again_once_and_said"),
+    "deletes_previous_before_commit": ("process/kill-rank1-mid-shard-write.toml",
+                                       "test_harness_planted_bugs.py::test_previous_deleted_before_commit_is_caught_and_named"),
+    "drain_ignores_grace": ("remote/remote-unreachable-across-preemption.toml",
+                            "test_harness_planted_bugs.py::test_a_drain_after_sigterm_that_ignores_the_grace_period_is_caught"),
+    "drain_without_respawn": ("remote/uploader-killed-during-final-drain.toml",
+                              "test_harness_planted_bugs.py::test_a_drain_that_never_replaces_a_dead_uploader_is_caught"),
+    "emergency_save_mid_step_only": ("process/preempt-on-the-last-micro-batch-of-a-step.toml",
+                                     "test_harness_planted_bugs.py::test_an_emergency_save_skipped_at_a_step_boundary_is_caught"),
+    "fresh_start_keeps_failed_load": ("storage/flip-in-the-only-checkpoint-as-its-load-begins.toml",
+                                      "test_harness_planted_bugs.py::test_a_fresh_start_on_the_tensors_of_a_failed_load_is_caught"),
+    "grads_left_out_of_digests": ("process/preempt-before-first-optimizer-step.toml",
+                                  "test_harness_planted_bugs.py::test_digests_that_leave_out_a_mid_step_checkpoints_gradients_are_caught"),
+    "ignores_manifest_step": ("storage/corrupt-manifests-then-eio-on-load.toml",
+                              "test_harness_planted_bugs.py::test_a_resume_that_ignores_the_step_a_manifest_records_is_caught"),
+    "ignores_sigterm": ("slurm/slurm-preempt-mid-shard-write-grace-honoured.toml",
+                        "test_slurm_scenarios.py::test_a_trainer_that_ignores_sigterm_wastes_the_grace_period_and_is_caught"),
+    "latest_before_durable": ("process/kill-after-manifest-before-rename.toml",
+                              "test_harness_planted_bugs.py::test_latest_moved_before_durable_is_caught_and_named"),
+    "load_error_rejects_checkpoint": ("storage/corrupt-manifests-then-eio-on-load.toml",
+                                      "test_harness_planted_bugs.py::test_a_load_that_takes_an_io_error_for_a_corrupt_checkpoint_is_caught"),
+    "loader_drops_ranks": ("process/kill-node-resume-on-two-of-four.toml",
+                           "test_harness_planted_bugs.py::test_loader_state_of_dropped_ranks_discarded_is_caught_and_named"),
+    "loader_not_restored": ("process/kill-node-mid-training.toml",
+                            "test_harness_planted_bugs.py::test_loader_position_not_restored_is_caught_and_named"),
+    "loader_trusts_newest": ("storage/corrupt-bitflip-in-shard.toml",
+                             "test_storage_faults.py::test_loader_trusting_the_newest_directory_is_caught"),
+    "makes_room_on_full_disk": ("storage/retention-best-on-full-disk.toml",
+                                "test_harness_planted_bugs.py::test_making_room_on_a_full_disk_by_deleting_the_best_checkpoint_is_caught"),
+    "old_format_unchecked": ("process/relaunch-after-a-manifest-format-upgrade.toml",
+                             "test_harness_planted_bugs.py::test_an_upgrade_that_loads_an_older_format_unchecked_is_caught"),
+    "optimizer_not_restored": (None, "test_trainer_resume.py::test_bit_exact_check_catches_planted_bug"),
+    "progress_of_tensors_only": ("process/kill-rank1-mid-shard-write.toml",
+                                 "test_harness_planted_bugs.py::test_shard_progress_reported_ahead_of_the_file_is_caught_where_the_kill_landed"),
+    "progress_planned_too_large": ("process/kill-rank1-mid-shard-write.toml",
+                                   "test_harness_planted_bugs.py::test_shard_progress_reported_late_is_caught_where_the_kill_landed"),
+    "reads_only_its_own_format": ("process/relaunch-after-a-manifest-format-upgrade.toml",
+                                  "test_harness_planted_bugs.py::test_an_upgrade_that_reads_only_its_own_manifest_format_is_caught"),
+    "refuses_any_config_change": ("process/relaunch-with-changed-cadence-resumes.toml",
+                                  "test_harness_planted_bugs.py::test_a_resume_that_refuses_a_change_of_cadence_is_caught"),
+    "remote_delete_keeps_data": ("remote/upload-reset-mid-manifest.toml",
+                                 "test_harness_planted_bugs.py::test_remote_retention_that_leaves_data_objects_behind_is_caught"),
+    "rename_without_fsync": ("storage/power-loss-after-latest.toml",
+                             "test_storage_faults.py::test_rename_without_fsync_is_caught_by_power_loss"),
+    "restore_needs_remote": ("remote/remote-unreachable-across-restart.toml",
+                             "test_harness_planted_bugs.py::test_a_restore_that_an_unreachable_remote_tier_stops_is_caught"),
+    "restore_tries_newest_only": ("remote/remote-download-cut-then-older-restored.toml",
+                                  "test_harness_planted_bugs.py::test_a_restore_that_gives_up_after_one_failed_download_is_caught"),
+    "restore_trusts_download": ("remote/remote-bit-rot-then-disk-lost.toml",
+                                "test_harness_planted_bugs.py::test_a_restore_that_trusts_what_it_downloaded_is_caught"),
+    "retries_without_waiting": ("remote/upload-reset-mid-manifest.toml",
+                                "test_harness_planted_bugs.py::test_an_uploader_that_retries_without_its_backoff_is_caught"),
+    "rng_not_restored": (None, "test_trainer_resume.py::test_bit_exact_check_catches_planted_bug"),
+    "rng_not_saved": ("process/kill-rank1-mid-shard-write.toml",
+                      "test_harness_planted_bugs.py::test_rng_not_saved_is_caught_and_named"),
+    "save_swallows_enospc": ("storage/errno-enospc-mid-shard-write.toml",
+                             "test_storage_faults.py::test_save_swallowing_enospc_is_caught"),
+    "staging_needs_hard_links": ("remote/upload-read-eio-on-a-staged-copy.toml",
+                                 "test_harness_planted_bugs.py::test_an_uploader_that_stages_by_hard_links_only_is_caught"),
+    "stall_in_milliseconds": ("process/kill-rank1-mid-shard-write.toml",
+                              "test_harness_planted_bugs.py::test_a_stall_reported_in_milliseconds_is_caught"),
+    "time_cadence_in_milliseconds": ("process/time-cadence-killed-twice.toml",
+                                     "test_harness_planted_bugs.py::test_a_time_cadence_that_saves_at_every_step_is_caught"),
+    "time_cadence_lost_on_resume": ("process/time-cadence-killed-twice.toml",
+                                    "test_harness_planted_bugs.py::test_a_time_cadence_lost_on_resume_is_caught_by_a_second_crash"),
+    "upload_progress_in_percent": ("remote/uploader-killed-mid-object.toml",
+                                   "test_harness_planted_bugs.py::test_an_uploader_that_reports_its_progress_in_percent_is_caught"),
+    "uploader_keeps_stale_staging": ("remote/uploader-killed-mid-object.toml",
+                                     "test_harness_planted_bugs.py::test_an_uploader_staging_that_nobody_sweeps_is_caught"),
+    "uploader_marks_durable_early": ("remote/uploader-killed-mid-object.toml",
+                                     "test_remote_tier.py::test_an_uploader_that_marks_durable_before_its_objects_is_caught"),
+    "uploader_trusts_its_puts": ("remote/shard-truncated-before-upload.toml",
+                                 "test_harness_planted_bugs.py::test_an_uploader_that_trusts_its_puts_is_caught"),
+    "validates_sizes_only": ("storage/corrupt-four-newest-four-ways.toml",
+                             "test_harness_planted_bugs.py::test_a_resume_that_checks_sizes_but_not_checksums_is_caught"),
+}
+
+
+def _functions(test_file: Path) -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(test_file.read_text())
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def _marks(fn: ast.FunctionDef) -> set[str]:
+    return {ast.unparse(d).split("(")[0].removeprefix("pytest.mark.") for d in fn.decorator_list}
+
+
+def test_every_planted_trainer_has_the_one_scenario_that_catches_it_in_make_test():
+    planted = sorted(p.stem for p in PLANTED.glob("*.py") if p.stem != "__init__")
+    assert sorted(CATCHES) == planted, ("a planted trainer without its row in CATCHES (its scenario and the make-test "
+                                        f"test that catches it), or a row without its trainer: "
+                                        f"{sorted(set(CATCHES) ^ set(planted))}")
+    for module, (scenario, test) in CATCHES.items():
+        file, name = test.split("::")
+        functions = _functions(REPO / "tests" / file)
+        assert name in functions, f"{module}: no test {test}"
+        source = ast.unparse(functions[name])
+        assert f"tests.planted.{module}" in source or module in (REPO / "tests" / file).read_text(), (module, test)
+        assert "nightly" not in _marks(functions[name]), f"{test} catches {module}: it must run in make test"
+        if scenario is not None:
+            assert (builtin_scenarios() / scenario).is_file(), f"{module}: no scenario {scenario}"
+            assert Path(scenario).name in source, f"{test} does not run {scenario}"
+
+
+# ---- nightly: each planted trainer against the default suite ------------------------------------------
+
+def _module_scenarios():
+    """The default suite's scenarios that run a trainer module (not a [command] trainer) on this machine's
+    local launcher: what a planted trainer can be swapped into."""
+    return [s for s in catalogue(builtin_scenarios()) if "default" in s.suites and s.command is None
+            and s.cluster.backend == "local"]
+
+
+@pytest.mark.nightly
+@pytest.mark.slow
+@pytest.mark.parametrize("module", sorted(m for m, (scenario, _) in CATCHES.items()
+                                          if scenario is not None and m != "crashes_natively"))
+def test_each_planted_trainer_against_the_default_suite(module, tmp_path, golden_root):
+    """Every scenario gives a verdict (the harness does not break on a buggy trainer), the one that
+    catches it in make test fails when it is in the suite, and which ones catch it is kept beside the run
+    (``matrix.json``) for the catalogue's maintainers."""
+    from ckpt_chaos.run.runner import run_scenario
+
+    verdicts = {}
+    for s in _module_scenarios():
+        r = run_scenario(dataclasses.replace(s, trainer_module=f"tests.planted.{module}"), tmp_path / "runs",
+                         golden_root)
+        verdicts[s.name] = r.verdict
+    (tmp_path / "matrix.json").write_text(json.dumps({"module": module, "verdicts": verdicts}, indent=1))
+    assert set(verdicts.values()) <= {"pass", "fail", "xfail", "xpass", "skipped"}, verdicts
+    catcher = load(builtin_scenarios() / CATCHES[module][0]).name
+    if catcher in verdicts:
+        assert verdicts[catcher] == "fail", f"{catcher} no longer catches {module}: {verdicts}"
