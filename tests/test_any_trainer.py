@@ -105,6 +105,7 @@ def test_a_resume_that_does_not_restore_the_step_counter_is_caught_and_named(tmp
     assert "its step counter was not restored" in detail, detail
 
 
+@pytest.mark.nightly
 def test_a_fault_that_never_fires_because_the_trainer_died_first_names_the_trainers_error(tmp_path, golden_root):
     # dies in the faulted run only: the golden run, under golden_root, must finish
     golden = str(golden_root)

@@ -67,6 +67,7 @@ def test_cli_reports_a_config_error_in_one_line_before_any_process_group():
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_torchrun_with_impossible_world_size_fails_fast_naming_the_field(tmp_path):
     rc = run_to_end(tmp_path, 3, ["--global-batch=16", f"--run-dir={tmp_path}"], timeout=120)
     assert rc != 0

@@ -142,6 +142,7 @@ def test_requirements_ask_every_family():
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_a_kind_added_in_its_family_module_runs_end_to_end(tmp_path):
     """``interrupt`` was added to faults/process.py alone (with its scenario and this test): the loader,
     the runner's dispatch, the checks and the report take it from the registry."""

@@ -15,6 +15,7 @@ from tests.helpers import REPO, processes_started_by, start_cli
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.nightly
 def test_ctrl_c_mid_scenario_kills_every_process_and_exits_130(tmp_path):
     reports = tmp_path / "reports"
     cli = start_cli(tmp_path, "kill-node-mid-training", reports=reports)

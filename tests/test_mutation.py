@@ -245,6 +245,7 @@ QUICKEST = "preempt-before-first-optimizer-step"  # the default suite's cheapest
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_a_real_mutant_is_killed_by_the_scenario_that_reaches_it(tmp_path):
     """The whole chain on one hand-picked mutant: a coverage run of one scenario from this tree, then
     cosmic-ray applies `if not final.exists():` before the commit rename (it quarantines a folder that

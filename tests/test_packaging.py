@@ -95,6 +95,7 @@ def fresh(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_wheel_runs_a_scenario_from_an_unrelated_directory(fresh, tmp_path):
     python, site, env = fresh
     bin_dir = python.parent

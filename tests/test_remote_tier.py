@@ -48,6 +48,7 @@ def test_a_node_that_lost_its_disk_restores_the_newest_durable_checkpoint(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_a_job_that_finished_training_but_died_draining_its_uploads_is_started_again(tmp_path, golden_root):
     # The node is lost while rank 0 drains the final upload: training had finished, but the launch exited
     # -9 with the final checkpoint on no disk that survives. The harness used to stop there (job_completed

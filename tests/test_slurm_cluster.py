@@ -84,6 +84,7 @@ def test_two_nodes_come_up_idle_on_the_ports_the_config_names(tmp_path):
         assert f"SlurmctldPort={c.ctld_port}" in c.conf.read_text()
 
 
+@pytest.mark.nightly
 def test_a_requeued_job_restarts_under_the_same_id_with_restart_count_1(tmp_path):
     seen = tmp_path / "seen"
     with SlurmCluster(tmp_path / "slurm") as c:
@@ -101,6 +102,7 @@ def test_a_requeued_job_restarts_under_the_same_id_with_restart_count_1(tmp_path
         assert info["JobId"] == str(job) and info["Restarts"] == "1"
 
 
+@pytest.mark.nightly
 def test_a_node_set_down_requeues_its_job_which_waits_until_the_node_is_resumed(tmp_path):
     seen = tmp_path / "seen"
     with SlurmCluster(tmp_path / "slurm") as c:

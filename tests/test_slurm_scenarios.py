@@ -72,6 +72,7 @@ HARNESS_SCENARIO = "slurm-kill-rank1-mid-shard-write"
 
 @slurm
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_ctrl_c_during_a_slurm_scenario_leaves_no_daemon_job_or_port(tmp_path):
     out = tmp_path / "out"
     cli = subprocess.Popen([sys.executable, "-m", "ckpt_chaos.cli", "run", HARNESS_SCENARIO, "--out", str(out),

@@ -44,6 +44,7 @@ def test_a_rank_killed_by_the_nemesis_keeps_the_lines_it_ran(tmp_path, monkeypat
     assert (folder / "index.html").is_file()
 
 
+@pytest.mark.nightly
 def test_run_coverage_links_the_html_report_and_prints_the_checkpoint_path(tmp_path):
     out = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "run", "--suite", "full", "--coverage",
                           "-k", "kill-before-retention", "--out", str(tmp_path)],
@@ -61,6 +62,7 @@ def test_cov_source_without_coverage_is_refused(tmp_path):
     assert out.returncode != 0 and "--cov-source needs --coverage" in out.stderr
 
 
+@pytest.mark.nightly
 def test_coverage_follows_a_trainer_of_its_own(tmp_path):
     out = subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "run", "--suite", "full", "--coverage",
                           "--scenarios", str(REPO / "examples" / "plain_ddp" / "scenarios"),

@@ -33,6 +33,7 @@ def test_stop_and_resume_is_bit_exact_mid_epoch_and_mid_accumulation(golden, tmp
     assert final_state(tmp_path) == final_state(gold)
 
 
+@pytest.mark.nightly
 def test_stop_before_the_first_optimizer_step_resumes_bit_exact(golden, tmp_path):
     """A checkpoint one micro-batch into step 1, before AdamW has ever stepped, holds the optimizer's
     state like any other, and the resume is bit-exact. Found by ``ckpt-chaos explore`` (a SIGTERM at
@@ -73,6 +74,7 @@ def test_eager_optimizer_state_is_the_state_adamw_makes_at_its_first_step():
     assert all(torch.equal(a, b) for a, b in zip(lazy, eager)) and lazy_steps == eager_steps == [3.0, 3.0]
 
 
+@pytest.mark.nightly
 def test_async_save_trajectory_and_resume_are_bit_exact(golden, tmp_path):
     gold = golden(2)
     assert train(tmp_path, async_save=True, stop_after_microbatches=18) == 0, log_tail(tmp_path)
@@ -85,6 +87,7 @@ def test_async_save_trajectory_and_resume_are_bit_exact(golden, tmp_path):
 
 
 @pytest.mark.parametrize("saved_world,resumed_world", [(4, 2), (2, 4)])
+@pytest.mark.nightly
 def test_world_size_change_loads_the_saved_state_and_stays_within_tolerance(golden, tmp_path, saved_world,
                                                                             resumed_world):
     gold = golden(saved_world)
@@ -105,6 +108,7 @@ def test_world_size_change_loads_the_saved_state_and_stays_within_tolerance(gold
             assert a[step]["loss_hex"] == b[step]["loss_hex"], "steps before the resume are not the golden ones"
 
 
+@pytest.mark.nightly
 def test_sigkill_of_a_rank_mid_shard_write_resumes_from_the_previous_checkpoint(golden, tmp_path):
     gold = golden(2)
     killed = []
@@ -134,6 +138,7 @@ def test_sigkill_of_a_rank_mid_shard_write_resumes_from_the_previous_checkpoint(
 
 
 @pytest.mark.parametrize("damage", ["flip_byte", "missing_shard", "missing_manifest"])
+@pytest.mark.nightly
 def test_damaged_newest_checkpoint_is_rejected_and_the_older_one_used(golden, tmp_path, damage):
     gold = golden(2)
     assert train(tmp_path, stop_after_microbatches=16) == 0, log_tail(tmp_path)
@@ -159,6 +164,7 @@ def test_damaged_newest_checkpoint_is_rejected_and_the_older_one_used(golden, tm
     assert mismatches(gold, tmp_path) == []
 
 
+@pytest.mark.nightly
 def test_when_every_checkpoint_fails_on_load_the_run_starts_afresh_from_a_clean_state(golden, tmp_path):
     # The load verifies each shard as it reads it, so it has copied the intact rank's tensors by the
     # time the other rank's shard fails: a fresh start must not train on from those.
@@ -207,6 +213,7 @@ def test_bit_exact_check_catches_planted_bug(golden, tmp_path, module, part, fir
     assert differing == {part}
 
 
+@pytest.mark.nightly
 def test_retention_keeps_last_k_and_milestones(tmp_path):
     assert train(tmp_path, ckpt_every_steps=2, keep_last=2, keep_every=4, max_steps=10,
                  record_digests=False) == 0, log_tail(tmp_path)
@@ -215,6 +222,7 @@ def test_retention_keeps_last_k_and_milestones(tmp_path):
     # the milestone step 8 and the last two (8, 10); step 4 is a milestone too; 2 and 6 are gone
 
 
+@pytest.mark.nightly
 def test_sigterm_writes_an_emergency_checkpoint_and_loses_no_step(golden, tmp_path):
     gold = golden(2)
     job_box = []
