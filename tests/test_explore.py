@@ -245,10 +245,38 @@ def test_a_failure_that_does_not_reproduce_is_reported_so(tmp_path):
     assert not list((tmp_path / "found").glob("*.toml"))  # nothing left to mistake for a regression
 
 
+def test_a_schedule_drawn_again_is_recalled_from_the_cache_not_run_again(tmp_path):
+    runs = []
+
+    def runner(s, out, golden):
+        runs.append(s.to_toml())
+        return _result(s, {})
+
+    sm = Search(runner=runner, budget_s=60, shrink_s=0, database=None, seed=0, out=tmp_path,
+                regressions=tmp_path / "r", max_findings=1)
+    kill = [Fault(kind="kill", target="rank:1", when=Trigger(point="ckpt.shard.write", rank=1, save=1))]
+    sm.judge(kill, final=True)  # final: judged whatever is left of the budget (the search's clock has not started)
+    sm.judge(kill, final=True)
+    assert len(runs) == 1 and sm.summary.cache_hits == 1 and sm.summary.schedules == 1
+
+
+def test_a_raised_out_of_memory_is_torchs_own_error():
+    """What a ``raise`` fault with ``error = "oom"`` raises in the rank (the search draws it)."""
+    import torch
+
+    from ckpt_chaos.probe import _exception
+
+    e = _exception("oom", "at step.end")
+    assert isinstance(e, torch.OutOfMemoryError) and "simulated out of memory: at step.end" in str(e)
+
+
+# Nightly: the search runs in `make chaos` (90 s against the reference trainer); what only this run
+# reached is held by the two tests above.
+@pytest.mark.nightly
 @pytest.mark.slow
-def test_search_finds_rng_not_saved_and_shrinks_it_to_a_reproducing_file(tmp_path):
+def test_search_finds_rng_not_saved_and_shrinks_it_to_a_reproducing_file(tmp_path, golden_root):
     sm = Search(trainer_module="tests.planted.rng_not_saved", families=("process",), budget_s=150, shrink_s=90,
-                seed=0, database=None, out=tmp_path / "search", golden_root=tmp_path / "golden",
+                seed=0, database=None, out=tmp_path / "search", golden_root=golden_root,
                 max_findings=1).run()
     assert sm.findings, f"nothing found in {sm.schedules} schedules: {sm.to_dict()}"
     f = sm.findings[0]
@@ -257,7 +285,7 @@ def test_search_finds_rng_not_saved_and_shrinks_it_to_a_reproducing_file(tmp_pat
     s = load(f.file)
     assert s.trainer_module == "tests.planted.rng_not_saved"
     # The written file fails the same way under the real runner (the search already did this once).
-    r = run_scenario(s, tmp_path / "again", tmp_path / "golden")
+    r = run_scenario(s, tmp_path / "again", golden_root)
     assert r.verdict == "fail" and "rng state differs" in r.reason
 
 
