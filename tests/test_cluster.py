@@ -83,6 +83,31 @@ def test_partition_rules_and_unplugged_links_cut_traffic_until_healed(tmp_path):
     assert not [n for n in os.listdir("/run/netns") if n.startswith(name)], "namespaces left behind"
 
 
+@needs_netns
+@pytest.mark.parametrize("elastic", [True, False])
+def test_an_elastic_jobs_outcome_is_the_nodes_left_after_the_nemesis_kills_one(tmp_path, elastic):
+    """torchrun --nnodes=1:2 carries on without a lost node: the job's exit status is node 0's, not
+    the killed node's 137. Without elasticity the lost node's status is the job's."""
+    from ckpt_chaos.env.cluster import NODE_ENV, Agent, ClusterJob
+    from ckpt_chaos.env.launcher import JOB_MARKER
+
+    with Cluster(tmp_path, "netns", ranks_per_node=1, max_nodes=2, timeout_s=15) as c:
+        marker = f"elastic-{os.getpid()}"
+        sleeps = ["0.5", "60"]  # node 0 finishes training; node 1 would run on
+        agents = [Agent(n, 0, popen=subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({t})"],
+                                                     env={**os.environ, JOB_MARKER: marker, NODE_ENV: str(n)}))
+                  for n, t in enumerate(sleeps)]
+        for a in agents:
+            a.pid = a.popen.pid
+        c.job = job = ClusterJob(c, agents, marker, tmp_path / "node0.log", teardown_s=30, elastic=elastic)
+        c.kill_nodes([1], job)  # what the kill nemesis does for target = "node:1"
+        assert c.killed == {1}
+        rc = job.wait(20)
+        assert rc == (0 if elastic else -signal.SIGKILL), rc
+        job.kill()  # the job's own teardown loses nothing: it does not count as the nemesis's
+        assert c.killed == {1}
+
+
 def test_store_partition_drops_only_the_store_port():
     rules = partition_rules("store", [1], [0], {0: "10.77.0.1", 1: "10.77.0.2"})
     assert list(rules) == [1]

@@ -283,7 +283,7 @@ class ClusterJob:
 
     def kill(self) -> None:
         """SIGKILL every node's agent and workers, and keep their logs."""
-        self.cluster.kill_nodes([a.node for a in self.agents if a.rc is None], self)
+        self.cluster.kill_nodes([a.node for a in self.agents if a.rc is None], self, lost=False)
         for a in self.agents:
             if a.popen is not None:
                 try:
@@ -467,10 +467,13 @@ class Cluster:
         self._containers[node] = container
         return Agent(node, 0, container=container)
 
-    def kill_nodes(self, nodes: list[int], job: ClusterJob | None = None) -> None:
-        """Node loss: every process of these nodes dies at once (docker kill / SIGKILL in the namespace)."""
-        if job is None:  # the nemesis, not the teardown
-            job = self.job
+    def kill_nodes(self, nodes: list[int], job: ClusterJob | None = None, *, lost: bool = True) -> None:
+        """Node loss: every process of these nodes dies at once (docker kill / SIGKILL in the namespace).
+
+        ``lost``: the nemesis took the nodes down, so an elastic job's outcome is that of the nodes
+        left; False for the job's own teardown, whose exit statuses still count."""
+        job = job or self.job
+        if lost:
             self.killed.update(nodes)
         for node in nodes:
             agent = next((a for a in job.agents if a.node == node), None)
