@@ -117,6 +117,13 @@ compat: setup
 	$(COMPAT_VENV)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
 	$(PY) benchmarks/compat.py --venv $(VENV) --venv $(COMPAT_VENV)
 
+# Nightly (hours; .ci/nightly, docs/ci.md): test-full, the full suite, the examples' full and compat
+# suites, a 20-minute search seeded by the date, compat; every phase runs, and it fails if any did.
+# NIGHTLY_SKIP_COMPAT=1: a compat this machine cannot run (disk, torch wheel) fails nothing.
+.PHONY: nightly
+nightly:
+	CHAOS_JOBS=$(CHAOS_JOBS) COMPAT_VENV=$(COMPAT_VENV) COMPAT_TORCH=$(COMPAT_TORCH) .ci/nightly
+
 # Which lines of the reference trainer's checkpoint path the default suite reaches, every process
 # measured; the figures and each unreached line with its reason: benchmarks/results/trainer_coverage.md.
 coverage: setup

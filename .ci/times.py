@@ -1,4 +1,4 @@
-"""The time of every phase in view, for `make chaos`, `make chaos-examples` and `.ci/run`.
+"""The time of every phase in view, for `make chaos`, `make chaos-examples`, `.ci/run` and `.ci/nightly`.
 
 Each of them keeps a record, ``reports/timings/NAME.json`` (``NAME.prev.json``: the run before,
 which the summary compares against): the wall time and exit status of each phase and, for a phase
@@ -14,6 +14,10 @@ the venv. No verdict rests on a time.
     python3 .ci/times.py phase chaos suite --suite-run reports/default/latest -- ckpt-chaos run ...
     python3 .ci/times.py summary chaos                    # print phases, slowest scenarios, changes
     python3 .ci/times.py summary ci --parts test chaos chaos-examples   # and take in those records
+    python3 .ci/times.py phase nightly "make test-full" --keep reports/nightly/test-full.junit.xml -- make ...
+    python3 .ci/times.py skip nightly "make compat" --reason "3 GiB free here"   # a phase that could not run
+    python3 .ci/times.py summary nightly --parts test-full --failures   # and each phase's status, what failed
+                                                          # by name, where its reports are; exit 1 if any
     python3 .ci/times.py table ci                         # markdown rows for docs/benchmarks.md
 """
 
@@ -30,6 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = 1
 SHOWN = 10
+FAILURES_SHOWN = 12  # names per phase in the --failures block, which must stay one screen
+# Outcomes (tests/timings.py) and verdicts (results.json) listed as failures. A skipped scenario is
+# one: it fails a --strict run, and a run without --strict that skipped one has not shown it passes.
+FAILED_TESTS = ("failed", "error")
+PASSING_VERDICTS = ("pass", "xfail")
 
 
 def timings_dir() -> Path:
@@ -105,7 +114,26 @@ def scenarios_of(run: Path, since: float) -> dict | None:
                           for r in data.get("results", [])}}
 
 
-def phase(name: str, label: str, cmd: list[str], suite: str | None, summary_on_failure: bool = True) -> int:
+def found_in(folder: str, since: float) -> list[str]:
+    """Files a command wrote into ``folder`` since ``since`` (a search writes one per failure it found)."""
+    try:
+        files = [f for f in Path(folder).rglob("*") if f.is_file() and f.stat().st_mtime >= since - 1]
+    except OSError:
+        return []
+    return sorted(shown_path(f) for f in files)
+
+
+def shown_path(p: str | Path) -> str:
+    """A path as printed: relative to the repository when inside it."""
+    p = Path(p)
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def phase(name: str, label: str, cmd: list[str], suite: str | None, summary_on_failure: bool = True,
+          keep: list[str] | None = None, found: str | None = None, note: str | None = None) -> int:
     rec = read(path_of(name)) or start(name)
     t0 = time.time()
     print(f"[times] {name}: phase {label!r} starts", flush=True)
@@ -117,8 +145,14 @@ def phase(name: str, label: str, cmd: list[str], suite: str | None, summary_on_f
         print(f"[times] {name}: {label}: {e}", file=sys.stderr)
         rc = 127
     entry = {"name": label, "wall_s": round(time.time() - t0, 1), "exit_status": rc}
-    if suite and (found := scenarios_of(suite_run(suite), t0)) is not None:
-        entry["suite"] = found
+    if suite and (ran := scenarios_of(suite_run(suite), t0)) is not None:
+        entry["suite"] = ran
+    if keep:
+        entry["keep"] = keep
+    if found:
+        entry["found"] = found_in(found, t0)
+    if note:
+        entry["note"] = note
     rec = read(path_of(name)) or rec
     rec["phases"].append(entry)
     write(name, rec)
@@ -126,6 +160,19 @@ def phase(name: str, label: str, cmd: list[str], suite: str | None, summary_on_f
     if rc != 0 and summary_on_failure:  # make stops at a failed phase: the times so far, before it does
         summary(name, [])
     return rc
+
+
+def skip(name: str, label: str, reason: str, allowed: bool, note: str | None = None) -> int:
+    """Record a phase that did not run here: a failure of the run unless ``allowed``."""
+    rec = read(path_of(name)) or start(name)
+    entry = {"name": label, "wall_s": 0.0, "exit_status": None, "skipped": reason, "skip_allowed": allowed}
+    if note:
+        entry["note"] = note
+    rec["phases"].append(entry)
+    write(name, rec)
+    print(f"[times] {name}: phase {label!r} SKIPPED: {reason}" + ("" if allowed else " (counts as a failure)"),
+          flush=True)
+    return 0 if allowed else 1
 
 
 def scenarios(rec: dict) -> list[tuple[str, str, float, str]]:
@@ -156,6 +203,9 @@ def lines(rec: dict, prev: dict | None) -> list[str]:
                 verdicts[s["verdict"]] = verdicts.get(s["verdict"], 0) + 1
             extra = (f": {len(p['suite']['scenarios'])} scenarios ({', '.join(f'{n} {v}' for v, n in verdicts.items())}), "
                      f"{fmt(sum(s['wall_s'] for s in p['suite']['scenarios'].values()))} of scenario time")
+        if "skipped" in p:
+            out.append(f"  {'SKIPPED':>12}  {p['name']}: {p['skipped']}")
+            continue
         out.append(f"  {fmt(p['wall_s']):>12}  {p['name']}{extra}; exit status {p['exit_status']}{change}")
     for key, part in (rec.get("parts") or {}).items():
         if part.get("what") == "pytest":
@@ -181,7 +231,81 @@ def lines(rec: dict, prev: dict | None) -> list[str]:
     return out
 
 
-def summary(name: str, parts: list[str]) -> int:
+def part_of(phase_name: str, parts: dict) -> dict | None:
+    """The record a ``make TARGET ...`` phase wrote of its own (``--parts``), if it was taken in."""
+    words = phase_name.split()
+    return parts.get(words[1]) if len(words) > 1 and words[0] == "make" else None
+
+
+def failed_phase(p: dict) -> bool:
+    return not p.get("skip_allowed") if "skipped" in p else p["exit_status"] != 0
+
+
+def status_of(p: dict) -> str:
+    if "skipped" in p:
+        return "SKIPPED"
+    rc = p["exit_status"]
+    return "passed" if rc == 0 else "INTERRUPTED" if rc == 130 else f"FAILED ({rc})"
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in counts.items())
+
+
+def phase_failures(p: dict, part: dict | None) -> tuple[str, list[str], list[str]]:
+    """What a phase ran (one clause), the failures by name (``verdict name``), and where its reports are."""
+    what, names, where = [], [], []
+    runs = [p["suite"]] if "suite" in p else []
+    if part and part.get("what") == "pytest":
+        tests = part.get("tests", {})
+        bad = sorted(n for n, t in tests.items() if t.get("outcome") in FAILED_TESTS)
+        what.append(f"{len(tests)} tests ({_counted(part.get('counts', {}))})")
+        names += [f"{tests[n]['outcome']:<7} {n}" for n in bad]
+    elif part:
+        runs += [q["suite"] for q in part.get("phases", []) if "suite" in q]
+    for run in runs:
+        sc = run["scenarios"]
+        verdicts: dict[str, int] = {}
+        for s in sc.values():
+            verdicts[s["verdict"]] = verdicts.get(s["verdict"], 0) + 1
+        what.append(f"{len(sc)} scenarios ({_counted(verdicts)})")
+        names += [f"{s['verdict']:<7} {n}" for n, s in sorted(sc.items()) if s["verdict"] not in PASSING_VERDICTS]
+        where.append(f"report  {shown_path(Path(run['run']) / 'index.html')}")
+    if "found" in p:
+        what.append(f"{len(p['found'])} finding(s)")
+        names += [f"{'found':<7} {f}" for f in p["found"]]
+    for k in p.get("keep", []):
+        where.append(f"{'junit' if k.endswith('.xml') else 'output':<7} {k}"
+                     + ("" if (ROOT / k).exists() else "  (not written)"))
+    return "; ".join(what), names, where
+
+
+def failures(rec: dict) -> list[str]:
+    """One screen: each phase's status and wall time, what failed by name, where the reports are."""
+    parts = rec.get("parts") or {}
+    bad = [p for p in rec["phases"] if failed_phase(p)]
+    skipped = sum(1 for p in rec["phases"] if "skipped" in p)
+    verdict = (f"FAILED: {len(bad)} of {len(rec['phases'])} phases" if bad else
+               f"no phase of {len(rec['phases'])} failed" + (f", {skipped} skipped" if skipped else ""))
+    out = [f"==== {rec['what']}: {verdict}; {fmt(total(rec))} ====",
+           f"  {'status':<13} {'wall time':>12}  phase"]
+    for p in rec["phases"]:
+        what, names, where = phase_failures(p, part_of(p["name"], parts))
+        if "skipped" in p:
+            what = p["skipped"] + ("" if p.get("skip_allowed") else "; counts as a failure")
+        out.append(f"  {status_of(p):<13} {fmt(p['wall_s']):>12}  {p['name']}" + (f": {what}" if what else ""))
+        pad = " " * 31
+        out += [f"{pad}{n}" for n in names[:FAILURES_SHOWN]]
+        if len(names) > FAILURES_SHOWN:
+            out.append(f"{pad}... and {len(names) - FAILURES_SHOWN} more (the JUnit file and report list them)")
+        out += [f"{pad}{w}" for w in where]
+        if p.get("note"):
+            out.append(f"{pad}{p['note']}")
+    out.append(f"  record: {shown_path(path_of(rec['what']))} (every phase, test and scenario, with its time)")
+    return out
+
+
+def summary(name: str, parts: list[str], with_failures: bool = False) -> int:
     rec = read(path_of(name))
     if rec is None:
         print(f"[times] no record {path_of(name)}", file=sys.stderr)
@@ -193,7 +317,11 @@ def summary(name: str, parts: list[str]) -> int:
     for line in lines(rec, read(prev_of(name))):
         print(line)
     print(f"[times] record: {path_of(name)}")
-    return 0
+    if not with_failures:
+        return 0
+    for line in failures(rec):
+        print(line)
+    return 1 if any(failed_phase(p) for p in rec["phases"]) else 0
 
 
 def _started(rec: dict) -> float:
@@ -214,9 +342,8 @@ def table(name: str) -> int:
     print("|---|---|---|")
     parts = rec.get("parts") or {}
     for p in rec["phases"]:
-        key = p["name"].removeprefix("make ")
-        part = parts.get(key)
-        what = ""
+        part = part_of(p["name"], parts)
+        what = f"skipped: {p['skipped']}" if "skipped" in p else ""
         if part and part.get("what") == "pytest":
             c = ", ".join(f"{n} {k}" for k, n in part["counts"].items())
             what = f"{len(part['tests'])} tests ({c}), {fmt(part['test_time_s'])} of test time on {part.get('workers')} workers"
@@ -242,9 +369,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("label")
     p.add_argument("--suite-run", help="the suite run the command writes (reports/SUITE/latest)")
     p.add_argument("--no-summary", action="store_true", help="print no summary when the command fails")
+    p.add_argument("--keep", action="append", default=[], metavar="PATH",
+                   help="a file or folder the command writes for people (a JUnit file); named in --failures")
+    p.add_argument("--found", metavar="DIR", help="where the command writes one file per failure it finds")
+    p.add_argument("--note", help="a line printed under the phase in --failures (how to reproduce it)")
+    k = sub.add_parser("skip")
+    k.add_argument("name")
+    k.add_argument("label")
+    k.add_argument("--reason", required=True)
+    k.add_argument("--note")
+    k.add_argument("--allowed", action="store_true", help="the skip does not fail the run")
     s = sub.add_parser("summary")
     s.add_argument("name")
     s.add_argument("--parts", nargs="*", default=[], help="records of targets this run ran, taken into it")
+    s.add_argument("--failures", action="store_true",
+                   help="then each phase's status, what failed by name and where its reports are; exit 1 if any failed")
     sub.add_parser("table").add_argument("name")
     args = ap.parse_args(argv)
     if args.action == "start":
@@ -253,9 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "phase":
         if not cmd:
             ap.error("phase: give the command after --")
-        return phase(args.name, args.label, cmd, args.suite_run, not args.no_summary)
+        return phase(args.name, args.label, cmd, args.suite_run, not args.no_summary, args.keep, args.found, args.note)
+    if args.action == "skip":
+        return skip(args.name, args.label, args.reason, args.allowed, args.note)
     if args.action == "summary":
-        return summary(args.name, args.parts)
+        return summary(args.name, args.parts, args.failures)
     return table(args.name)
 
 
