@@ -56,6 +56,25 @@ test: setup
 test-full: setup
 	$(PYTEST) --timings-json reports/timings/test-full.json tests toxiproxy_server/tests
 
+# Coverage of ckpt_chaos/ under make test's selection, lines and branches, in every process the
+# tests start (coverage.py's .pth; tests/coverage.ini), each line tagged with the test that reached
+# it: reports/coverage/test.json, the HTML in reports/coverage/test-html/. A test that runs coverage
+# itself (tests/test_trainer_coverage.py) fails under it; the figures stand, the failures are listed.
+COV_DIR := $(CURDIR)/reports/coverage
+.PHONY: test-coverage
+test-coverage: setup
+	rm -rf $(COV_DIR)/test $(COV_DIR)/test-html && mkdir -p $(COV_DIR)/test
+	-COVERAGE_FILE=$(COV_DIR)/test/.coverage COVERAGE_PROCESS_START=$(CURDIR)/tests/coverage.ini \
+	  $(PYTEST) -p tests.coverage_contexts -m "not nightly" --timings-json reports/timings/test-coverage.json \
+	  tests toxiproxy_server/tests
+	cd $(COV_DIR)/test && COVERAGE_FILE=.coverage $(CURDIR)/$(PY) -m coverage combine --quiet --rcfile $(CURDIR)/tests/coverage.ini .
+	COVERAGE_FILE=$(COV_DIR)/test/.coverage $(PY) -m coverage json --quiet --rcfile tests/coverage.ini -o $(COV_DIR)/test.json
+	COVERAGE_FILE=$(COV_DIR)/test/.coverage $(PY) -m coverage html --quiet --rcfile tests/coverage.ini --show-contexts -d $(COV_DIR)/test-html
+	@$(PY) -c "import json; t = json.load(open('$(COV_DIR)/test.json'))['totals']; \
+	  print(f\"ckpt_chaos/ under make test: lines {t['covered_lines']}/{t['num_statements']} \" \
+	        f\"({t['covered_lines'] / t['num_statements']:.2%}), branches {t['covered_branches']}/{t['num_branches']} \" \
+	        f\"({t['covered_branches'] / t['num_branches']:.2%})\")"
+
 # CHAOS_FLAGS=--strict (CI): a scenario this machine cannot run fails the suite instead of skipping.
 # CHAOS_SUITE=full (nightly): every scenario, not only the default suite's.
 # CHAOS_JOBS: scenarios side by side (run -n); those whose verdict hangs on wall-clock time still
