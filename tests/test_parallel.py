@@ -170,6 +170,9 @@ def _project(root: Path) -> Path:
     return root
 
 
+# Nightly: make chaos runs the default suite with -n auto in every CI run, and the slot tests above
+# hold the sharing of the machine; this compares a parallel run's verdicts with a serial one's.
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_parallel_run_has_the_serial_verdicts_in_catalogue_order(tmp_path, golden_root):
     project = _project(tmp_path / "project")

@@ -38,6 +38,8 @@ def _run(tmp_path, golden_root, scenario_file: str, module: str = "reference_tra
     return result
 
 
+# Nightly: the default suite's remote scenarios lose the disk and restore (make chaos, every CI run).
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_a_node_that_lost_its_disk_restores_the_newest_durable_checkpoint(tmp_path, golden_root):
     result = _run(tmp_path, golden_root, "disk-lost-before-upload-finished.toml")

@@ -188,6 +188,9 @@ def test_the_cluster_of_a_killed_harness_is_removed_by_the_leftover_cleaner(tmp_
     assert not Path(ran["state"]).exists()
 
 
+# Nightly: the default suite's slurm scenarios requeue the reference trainer in every CI run (make chaos),
+# and test_slurm_scenarios' planted trainers are requeued in make test.
+@pytest.mark.nightly
 def test_the_reference_trainer_requeued_by_slurm_resumes_bit_exact(tmp_path):
     from ckpt_chaos.check.history import read_jsonl
     from ckpt_chaos.env.launcher import worker_pythonpath

@@ -214,6 +214,9 @@ def test_without_slurm_the_error_says_what_to_install(tmp_path):
 
 # ---- on a real cluster ---------------------------------------------------------------------------
 
+# Nightly: make test fans scenarios out to an existing cluster (test_an_existing_cluster_...); placing
+# timing-sensitive scenarios alone and nesting slurm-backend ones is what only this reaches.
+@pytest.mark.nightly
 @needs_slurm
 @pytest.mark.slow
 def test_scenarios_fanned_out_have_their_verdicts_in_catalogue_order(tmp_path, golden):
