@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_chaos.config import ENV_GOLDEN_TREE
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
 from tests.helpers import REPO
@@ -23,15 +24,36 @@ def golden_root(command_golden_root):
     return command_golden_root
 
 
-def plant(tmp_path: Path, *edits: tuple[str, str]) -> Path:
-    """A copy of the example trainer with ``edits`` (old, new) made: a bug planted in it."""
+def planted(*edits: tuple[str, str]) -> str:
+    """The example trainer's code with ``edits`` (old, new) made: a bug planted in it."""
     text = (EXAMPLE / "train.py").read_text()
     for old, new in edits:
         assert text.count(old) == 1, f"the example no longer has {old!r}: update the planted bug"
         text = text.replace(old, new)
+    return text
+
+
+def plant(tmp_path: Path, *edits: tuple[str, str]) -> Path:
+    """A copy of the example trainer with a bug planted, beside the repository's: its own golden run."""
     copy = tmp_path / "train.py"
-    copy.write_text(text)
+    copy.write_text(planted(*edits))
     return copy
+
+
+def run_against_the_example(tmp_path: Path, golden_root: Path, monkeypatch, *edits: tuple[str, str]):
+    """The mid-write scenario on the example with a bug planted in its resume only, judged against the
+    unmodified example's golden run, as mutation testing judges a mutant (``$CKPT_CHAOS_GOLDEN_TREE``):
+    the planted copy takes the example's place in a copy of its folder, and the golden run the session
+    made from the repository (``plain_ddp_mid_write``, a fixture of each caller) is the oracle. A bug
+    confined to the resume leaves the fault-free run as it was, so this is the golden run the copy
+    would make (twice, for determinism): one made per session instead of two per test."""
+    project = tmp_path / "project"
+    copy = project / "examples" / "plain_ddp" / "train.py"
+    copy.parent.mkdir(parents=True)
+    copy.write_text(planted(*edits))
+    monkeypatch.chdir(project)
+    monkeypatch.setenv(ENV_GOLDEN_TREE, str(REPO))
+    return run_scenario(load(MID_WRITE), tmp_path / "out", golden_root)
 
 
 def run(tmp_path: Path, golden_root: Path, trainer: Path | None = None):
@@ -58,6 +80,7 @@ def test_the_unmodified_example_survives_a_kill_half_way_through_its_checkpoint(
 
 
 def test_a_save_straight_to_the_final_name_is_caught_loading_a_torn_file(tmp_path, golden_root):
+    # its own golden run: the bug changes what the fault-free run writes too (no temporary name)
     trainer = plant(tmp_path, ('    tmp = path.with_name(path.name + ".tmp")\n', "    tmp = path\n"),
                     ("    os.replace(tmp, path)\n", ""))
     r = run(tmp_path, golden_root, trainer)
@@ -71,9 +94,10 @@ def test_a_save_straight_to_the_final_name_is_caught_loading_a_torn_file(tmp_pat
     assert c["job_completed"][0] == "fail"  # torch.load cannot read the torn file
 
 
-def test_a_resume_that_does_not_restore_the_rng_is_caught_and_named(tmp_path, golden_root):
-    trainer = plant(tmp_path, ('        torch.set_rng_state(state["rng"][rank])\n', ""))
-    r = run(tmp_path, golden_root, trainer)
+def test_a_resume_that_does_not_restore_the_rng_is_caught_and_named(tmp_path, golden_root, monkeypatch,
+                                                                    plain_ddp_mid_write):
+    r = run_against_the_example(tmp_path, golden_root, monkeypatch,
+                                ('        torch.set_rng_state(state["rng"][rank])\n', ""))
     assert r.verdict == "fail"
     verdict, detail = checks(r)["trajectory"]
     assert verdict == "fail", r.checks
@@ -82,9 +106,10 @@ def test_a_resume_that_does_not_restore_the_rng_is_caught_and_named(tmp_path, go
     assert "the torch RNG state it resumed with differs from the golden run's at step 5 (model, optimizer" in detail
 
 
-def test_a_data_loader_that_restarts_the_epoch_is_caught_and_named(tmp_path, golden_root):
-    trainer = plant(tmp_path, ('state["epoch"], state["batch_in_epoch"]', 'state["epoch"], 0'))
-    r = run(tmp_path, golden_root, trainer)
+def test_a_data_loader_that_restarts_the_epoch_is_caught_and_named(tmp_path, golden_root, monkeypatch,
+                                                                    plain_ddp_mid_write):
+    r = run_against_the_example(tmp_path, golden_root, monkeypatch,
+                                ('state["epoch"], state["batch_in_epoch"]', 'state["epoch"], 0'))
     assert r.verdict == "fail"
     verdict, detail = checks(r)["trajectory"]
     assert verdict == "fail", r.checks
@@ -93,11 +118,13 @@ def test_a_data_loader_that_restarts_the_epoch_is_caught_and_named(tmp_path, gol
             "the data loader resumed 4 step(s) too early and 4 step(s) of samples are seen twice") in detail
 
 
-def test_a_resume_that_does_not_restore_the_step_counter_is_caught_and_named(tmp_path, golden_root):
+def test_a_resume_that_does_not_restore_the_step_counter_is_caught_and_named(tmp_path, golden_root, monkeypatch,
+                                                                             plain_ddp_mid_write):
     # the optimizer, schedule, data position and RNG come back; the loop's own counter starts again
-    trainer = plant(tmp_path, ('        step, epoch, skip = state["step"], state["epoch"], state["batch_in_epoch"]\n',
-                               '        step, epoch, skip = 0, state["epoch"], state["batch_in_epoch"]\n'))
-    r = run(tmp_path, golden_root, trainer)
+    r = run_against_the_example(
+        tmp_path, golden_root, monkeypatch,
+        ('        step, epoch, skip = state["step"], state["epoch"], state["batch_in_epoch"]\n',
+         '        step, epoch, skip = 0, state["epoch"], state["batch_in_epoch"]\n'))
     assert r.verdict == "fail"
     verdict, detail = checks(r)["trajectory"]
     assert verdict == "fail", r.checks
