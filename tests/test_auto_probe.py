@@ -105,6 +105,9 @@ def test_a_torch_save_is_staged_written_fsynced_renamed_and_old_ones_removed(fir
     assert seq.index("file.done") < seq.index("file.fsync") < seq.index("file.rename")
 
 
+# Nightly, with the next: the plain DDP example's stored run (tests/test_any_trainer.py) resumes from the newest
+# file after a kill half-way through it, in make test; these launch the layer by hand.
+@pytest.mark.nightly
 def test_a_resume_loads_the_newest_file_and_counts_on_from_its_step(first_run, tmp_path):
     run_dir, _ = first_run
     rec = Recorder()
@@ -116,6 +119,7 @@ def test_a_resume_loads_the_newest_file_and_counts_on_from_its_step(first_run, t
     assert [e["info"]["step"] for e in rec.points("step.begin", 1)] == [13, 14]
 
 
+@pytest.mark.nightly
 def test_a_kill_at_half_of_a_file_finds_half_of_its_planned_bytes_on_disk(first_run, tmp_path):
     _, golden = first_run
     plan = tmp_path / "planned.json"

@@ -93,6 +93,9 @@ def suite_run(tmp_path_factory, golden_root):
     return project, out
 
 
+# Nightly, with test_check_json_rechecks_a_stored_run (the same run): --json and --junitxml of a suite with a
+# known failure. make test holds JUnit through test_pytest_plugin and known failures through the catalogue's.
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_run_json_and_junit_with_a_known_failure(suite_run):
     project, out = suite_run
@@ -115,6 +118,7 @@ def test_run_json_and_junit_with_a_known_failure(suite_run):
     assert "XFAIL known-bug" in out.stderr
 
 
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_check_json_rechecks_a_stored_run(suite_run):
     project, _ = suite_run

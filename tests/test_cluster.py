@@ -139,6 +139,9 @@ def _wait_for_containers(cli: subprocess.Popen, timeout: float = 180) -> None:
     assert any(x.startswith("container") for x in ours(cli.pid)), "the scenario never started its nodes"
 
 
+# Nightly: make test removes a killed harness's containers, network and volumes (the leftovers test); a
+# Ctrl-C is the same clean-up reached from the signal, which test_slurm_fanout's Ctrl-C test holds.
+@pytest.mark.nightly
 @pytest.mark.slow
 def test_interrupted_docker_scenario_leaves_no_container_network_or_volume(tmp_path, docker_engine):
     cli = start_cli(tmp_path, "docker-pause-node-mid-training")
