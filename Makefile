@@ -93,7 +93,7 @@ chaos: setup
 	else echo "WARNING: no chromium here: the report was not checked in a browser (make setup installs it as root)" >&2; fi'
 # Fault-schedule search against the reference trainer: a small fixed budget and seed (CI); a finding
 # fails the target and is kept in the catalogue's regressions folder, where it joins the default
-# suite. Nightly: ckpt-chaos explore --budget 2h.
+# suite. Nightly (make nightly): a 20-minute search with a seed that changes every night.
 	$(TIMES) phase chaos search -- $(VENV)/bin/ckpt-chaos explore --budget 90s --shrink-budget 120s --seed 0 \
 	  --no-database --regressions ckpt_chaos/scenarios/regressions
 	@$(TIMES) summary chaos
