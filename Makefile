@@ -59,7 +59,8 @@ test-full: setup
 # Coverage of ckpt_chaos/ under make test's selection, lines and branches, in every process the
 # tests start (coverage.py's .pth; tests/coverage.ini), each line tagged with the test that reached
 # it: reports/coverage/test.json, the HTML in reports/coverage/test-html/. A test that runs coverage
-# itself (tests/test_trainer_coverage.py) fails under it; the figures stand, the failures are listed.
+# itself (tests/test_trainer_coverage.py) or installs a venv of its own (tests/test_packaging.py) may fail
+# under it; the figures stand, the failures are listed.
 COV_DIR := $(CURDIR)/reports/coverage
 .PHONY: test-coverage
 test-coverage: setup
