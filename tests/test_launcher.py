@@ -131,3 +131,31 @@ def test_a_launch_never_lands_on_a_spare_whose_last_job_is_still_being_killed(tm
     third = start(tmp_path / "c", "agent", "term")
     third.kill()
     assert third.marker in (first.marker, second.marker), "an idle spare was not reused"
+
+
+@pytest.mark.slow
+def test_a_second_kill_of_a_launch_waits_for_the_first(tmp_path, monkeypatch):
+    # A grace timer's kill and the supervisor's overlap when the grace runs out as the launch ends. The
+    # second returning first would let the next launch fork from the spare while the first still sweeps
+    # the spare's marker, and be killed with this one (a planted-bug test that followed a grace test).
+    import threading
+
+    job = start(tmp_path, "agent", "term")
+    for r in (0, 1):
+        wait_for(tmp_path / f"rank{r}.json")
+    real, entered = launcher.kill_processes, threading.Event()
+
+    def slow_sweep(procs):
+        entered.set()
+        time.sleep(2.0)
+        real(procs)
+
+    monkeypatch.setattr(launcher, "kill_processes", slow_sweep)
+    first = threading.Thread(target=job.kill)
+    first.start()
+    assert entered.wait(30)
+    monkeypatch.setattr(launcher, "kill_processes", real)
+    job.kill()  # the supervisor's, while the timer's is under way
+    first.join(0.2)
+    assert not first.is_alive(), "the second kill returned while the first still swept the spare's marker"
+    assert not job.killing and not job.processes()

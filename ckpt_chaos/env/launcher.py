@@ -396,6 +396,11 @@ class AgentJob(Job):
         self.agent_pid, self._spare = agent_pid, spare
         self._status, self._buf, self._ranks, self._rc = status, b"", {}, None
         self.killing = False  # kill() is under way (from a nemesis or timer thread, maybe)
+        # One kill at a time: a grace timer's kill and the supervisor's overlap when the grace runs out
+        # as the launch ends. The second must wait for the first, or it returns (and clears
+        # ``killing``) while the first still sweeps the spare's marker, and the next launch forked
+        # from the spare meanwhile is killed with this one.
+        self._kill_lock = threading.Lock()
         # the supervisor polls the job while a nemesis thread may kill it: the status pipe must not
         # be closed by one between the other's check and its read
         self._lock = threading.RLock()
@@ -482,17 +487,18 @@ class AgentJob(Job):
             super().kill()
             self._spare.close()  # it served this launch itself, and is gone with it
         else:
-            self.killing = True
-            try:
-                for _ in range(3):
-                    procs = self.processes()
-                    if not procs:
-                        break
-                    kill_processes(procs)
-                    psutil.wait_procs([q for q in procs if q.pid != self.agent_pid], timeout=5)
-                self.wait(5)  # the spare reaps the agent and says how it ended
-            finally:
-                self.killing = False
+            with self._kill_lock:
+                self.killing = True
+                try:
+                    for _ in range(3):
+                        procs = self.processes()
+                        if not procs:
+                            break
+                        kill_processes(procs)
+                        psutil.wait_procs([q for q in procs if q.pid != self.agent_pid], timeout=5)
+                    self.wait(5)  # the spare reaps the agent and says how it ended
+                finally:
+                    self.killing = False
         with self._lock:
             self._read_locked()
             if self._status >= 0:
