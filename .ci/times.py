@@ -189,6 +189,18 @@ def total(rec: dict) -> float:
     return sum(p["wall_s"] for p in rec.get("phases", []))
 
 
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in counts.items())
+
+
+def verdict_counts(run: dict) -> dict[str, int]:
+    """How many scenarios of a suite run got each verdict, in the order they first appear."""
+    counts: dict[str, int] = {}
+    for s in run["scenarios"].values():
+        counts[s["verdict"]] = counts.get(s["verdict"], 0) + 1
+    return counts
+
+
 def lines(rec: dict, prev: dict | None) -> list[str]:
     out = [f"==== times of {rec['what']}: {fmt(total(rec))} in {len(rec['phases'])} phase(s); load average "
            f"{rec['machine']['loadavg'][0]:.1f} at the start on {rec['machine']['cpus']} cores ===="]
@@ -198,10 +210,7 @@ def lines(rec: dict, prev: dict | None) -> list[str]:
         change = f"  (last run {fmt(was['wall_s'])})" if was else ""
         extra = ""
         if "suite" in p:
-            verdicts: dict[str, int] = {}
-            for s in p["suite"]["scenarios"].values():
-                verdicts[s["verdict"]] = verdicts.get(s["verdict"], 0) + 1
-            extra = (f": {len(p['suite']['scenarios'])} scenarios ({', '.join(f'{n} {v}' for v, n in verdicts.items())}), "
+            extra = (f": {len(p['suite']['scenarios'])} scenarios ({_counted(verdict_counts(p['suite']))}), "
                      f"{fmt(sum(s['wall_s'] for s in p['suite']['scenarios'].values()))} of scenario time")
         if "skipped" in p:
             out.append(f"  {'SKIPPED':>12}  {p['name']}: {p['skipped']}")
@@ -209,8 +218,7 @@ def lines(rec: dict, prev: dict | None) -> list[str]:
         out.append(f"  {fmt(p['wall_s']):>12}  {p['name']}{extra}; exit status {p['exit_status']}{change}")
     for key, part in (rec.get("parts") or {}).items():
         if part.get("what") == "pytest":
-            c = ", ".join(f"{n} {k}" for k, n in part["counts"].items())
-            out.append(f"  {key}: {len(part['tests'])} tests ({c}) in {fmt(part['wall_s'])}, "
+            out.append(f"  {key}: {len(part['tests'])} tests ({_counted(part['counts'])}) in {fmt(part['wall_s'])}, "
                        f"{fmt(part['test_time_s'])} of test time on {part.get('workers') or 1} worker(s)")
             slowest = sorted(part["tests"].items(), key=lambda kv: -kv[1]["s"])[:SHOWN]
             out.append(f"  slowest {len(slowest)} tests:")
@@ -248,8 +256,6 @@ def status_of(p: dict) -> str:
     return "passed" if rc == 0 else "INTERRUPTED" if rc == 130 else f"FAILED ({rc})"
 
 
-def _counted(counts: dict[str, int]) -> str:
-    return ", ".join(f"{n} {k}" for k, n in counts.items())
 
 
 def phase_failures(p: dict, part: dict | None) -> tuple[str, list[str], list[str]]:
@@ -265,10 +271,7 @@ def phase_failures(p: dict, part: dict | None) -> tuple[str, list[str], list[str
         runs += [q["suite"] for q in part.get("phases", []) if "suite" in q]
     for run in runs:
         sc = run["scenarios"]
-        verdicts: dict[str, int] = {}
-        for s in sc.values():
-            verdicts[s["verdict"]] = verdicts.get(s["verdict"], 0) + 1
-        what.append(f"{len(sc)} scenarios ({_counted(verdicts)})")
+        what.append(f"{len(sc)} scenarios ({_counted(verdict_counts(run))})")
         names += [f"{s['verdict']:<7} {n}" for n, s in sorted(sc.items()) if s["verdict"] not in PASSING_VERDICTS]
         where.append(f"report  {shown_path(Path(run['run']) / 'index.html')}")
     if "found" in p:
@@ -345,8 +348,7 @@ def table(name: str) -> int:
         part = part_of(p["name"], parts)
         what = f"skipped: {p['skipped']}" if "skipped" in p else ""
         if part and part.get("what") == "pytest":
-            c = ", ".join(f"{n} {k}" for k, n in part["counts"].items())
-            what = f"{len(part['tests'])} tests ({c}), {fmt(part['test_time_s'])} of test time on {part.get('workers')} workers"
+            what = f"{len(part['tests'])} tests ({_counted(part['counts'])}), {fmt(part['test_time_s'])} of test time on {part.get('workers')} workers"
         elif part:
             what = "; ".join(f"{q['name']} {fmt(q['wall_s'])}" + (f" ({len(q['suite']['scenarios'])} scenarios)"
                                                                   if "suite" in q else "") for q in part["phases"])
