@@ -39,8 +39,8 @@ import psutil
 from filelock import FileLock
 
 from ckpt_chaos.config import cache_dir
-from ckpt_chaos.env.launcher import (JOB_MARKER, _term_when_parent_dies, job_processes, poll_until,
-                                     worker_pythonpath)
+from ckpt_chaos.env.launcher import JOB_MARKER, job_processes, poll_until, worker_pythonpath
+from ckpt_chaos.env.lifetime import die_with_parent
 from ckpt_chaos.extras import missing_extra
 from ckpt_chaos.probe import ENV_CONTROLLER
 
@@ -440,7 +440,7 @@ class Cluster:
             log = open(self.logs / f"launch{launch_no}-node{node}.log", "ab")
             popen = subprocess.Popen(["ip", "netns", "exec", self._ns(node), *cmd], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_term_when_parent_dies,
+                                     preexec_fn=die_with_parent,
                                      env={**os.environ, **env, "TMPDIR": str(disk / "tmp")})
             log.close()
             return Agent(node, popen.pid, popen=popen)

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from ckpt_chaos.env.launcher import _term_when_parent_dies
+from ckpt_chaos.env.lifetime import die_with_parent
 from ckpt_chaos.extras import missing_extra
 from ckpt_chaos.probe.layout import CHECKSUMS
 from toxiproxy_server import ENV_URL, connect, free_port
@@ -75,7 +75,7 @@ def _wait_for_port(host: str, port: int, proc: subprocess.Popen | None, what: st
 def _background() -> None:
     """In the S3 server's process: die with the harness, and yield the CPU to the job under test (a
     real object store would not share the node's cores)."""
-    _term_when_parent_dies()
+    die_with_parent()
     os.nice(10)
 
 
@@ -228,7 +228,7 @@ class RemoteTier:
         log = self.run_dir / "store.log"
         with open(log, "ab") as out:
             self.store_proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=out,
-                                               stderr=subprocess.STDOUT, preexec_fn=_term_when_parent_dies,
+                                               stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
                                                env=_owned_env())
         _wait_for_port("127.0.0.1", port, self.store_proc, "the rendezvous store", log)
         proxy = self._api().create(upstream=f"127.0.0.1:{port}", name=self.proxy_name + "-store",

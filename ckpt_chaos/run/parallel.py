@@ -49,6 +49,7 @@ from typing import Callable, Iterator
 import psutil
 
 from ckpt_chaos.env.launcher import kill_processes
+from ckpt_chaos.env.lifetime import die_with_parent
 
 RANKS_PER_CORE = 2
 SCENARIO_MEMORY = 2 << 30  # bytes a 2-rank scenario may take (harness, torchrun, ranks): -n auto's bound
@@ -410,18 +411,6 @@ class Slots:
 
 # ---- the worker process --------------------------------------------------------------------------------
 
-def _die_with_parent(parent: int) -> None:
-    """SIGTERM when the parent dies, even by SIGKILL (Linux PR_SET_PDEATHSIG), as torchrun gets from us."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
-    if os.getppid() != parent:  # it died before the line above
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def worker_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ckpt_chaos.run.parallel",
                                 description="Run one scenario for a parallel ckpt-chaos run (internal).")
@@ -444,7 +433,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     try:
         if args.parent is not None:
-            _die_with_parent(args.parent)
+            die_with_parent(signal.SIGTERM, parent=args.parent)  # as torchrun gets from us
         from ckpt_chaos.report import results
         from ckpt_chaos.run.runner import run_scenario
         from ckpt_chaos.scenario import load
