@@ -15,11 +15,9 @@ pytest ``tmp_path`` does not promise.
 ``close`` cancels the jobs, stops the daemons, kills whatever is left (slurmstepd and job
 processes leave the daemons' process tree: slurmd double-forks slurmstepd, and each task gets a
 process group of its own) and removes the state. The state directory's name carries the
-harness's pid, and every process of the cluster can be traced to it: the daemons and the jobs
-have it in their environment (a job gets ``sbatch``'s), and slurmstepd, which slurmd starts with
-an empty environment, runs in it (slurmd's working directory) and listens on sockets in it. So
-``remove_leftovers`` finds what a SIGKILLed harness left behind, without touching a live
-harness's cluster.
+harness's pid, which is how ``remove_leftovers`` finds what a SIGKILLed harness left behind,
+without touching a live harness's cluster (``env/slurm_procs.py``). A job submitted here, and each
+of its runs, is a ``SlurmJob`` and a ``SlurmAttempt`` (``env/slurm_jobs.py``).
 """
 
 from __future__ import annotations
@@ -41,13 +39,13 @@ from pathlib import Path
 
 import psutil
 
-from ckpt_chaos.env.launcher import JOB_MARKER, job_processes, poll_until
+from ckpt_chaos.env.launcher import JOB_MARKER
+# what other modules import from here: the jobs and the clean-up live in modules of their own
+from ckpt_chaos.env.slurm_jobs import TERMINAL, SlurmAttempt, SlurmJob, expand_nodes  # noqa: F401
+from ckpt_chaos.env.slurm_procs import (STATE_ENV, STATE_PREFIX, TMP, foreign_listeners,  # noqa: F401
+                                        kill_until_none, leftovers, listening, remove_leftovers, tagged,
+                                        wait_ports)
 
-# In the environment of the daemons and of every job: the cluster's state directory, whose name
-# carries the pid of the harness that started it (STATE_PREFIX<pid>-<random>).
-STATE_ENV = "CKPT_CHAOS_SLURM_STATE"
-STATE_PREFIX = "ckpt-chaos-slurm-"
-TMP = os.path.realpath(tempfile.gettempdir())  # resolved: a process's cwd is, and is matched against it
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
 SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local/bin")
@@ -176,13 +174,6 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def listening(ports) -> list[int]:
-    """Those of ``ports`` on which some process listens (TCP, any address)."""
-    wanted = set(ports)
-    return sorted({c.laddr.port for c in psutil.net_connections("tcp")
-                   if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in wanted})
 
 
 def _clean_env() -> dict[str, str]:
@@ -413,7 +404,7 @@ class SlurmCluster(SlurmClient):
             if ready():
                 return
             time.sleep(0.1)
-        taken = _foreign_listeners(self.ports, {p.pid for p in self._daemons.values()})
+        taken = foreign_listeners(self.ports, {p.pid for p in self._daemons.values()})
         hint = f"; another process listens on {taken}: run again (the ports are drawn anew)" if taken else ""
         raise SlurmError(f"timed out after {timeout or self.config.start_timeout_s:.0f}s waiting for {what}"
                          f"{hint}{self._log_tails()}")
@@ -510,7 +501,7 @@ class SlurmCluster(SlurmClient):
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of this cluster: daemons, step daemons and job tasks."""
-        return _tagged(lambda state: state == str(self.state))
+        return tagged(lambda state: state == str(self.state))
 
     # -- teardown
 
@@ -546,212 +537,16 @@ class SlurmCluster(SlurmClient):
                 p.kill()
                 p.wait()
         self._daemons.clear()
-        left = _kill(self.processes)
+        left = kill_until_none(self.processes)
         if left:
             problems.append(f"processes that survived SIGKILL: {left}")
-        if busy := _wait_ports(self.ports):
+        if busy := wait_ports(self.ports):
             problems.append(f"ports {busy} still listening")
         shutil.rmtree(self.state, ignore_errors=True)
         if self.state.exists():
             problems.append(f"cannot remove {self.state}; remove it by hand")
         if problems:
             raise SlurmError("; ".join(problems))
-
-
-# scontrol's JobState values after which Slurm does nothing more with a job (unless requeued)
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-            "OUT_OF_MEMORY"}
-
-
-@dataclass
-class SlurmJob:
-    """A job on the cluster, with ``launcher.Job``'s interface; its relaunches are Slurm's requeues."""
-
-    cluster: SlurmCluster
-    job_id: int
-    marker: str  # in every task's environment (JOB_MARKER): how its processes are found
-    log_path: Path
-    run_dir: Path
-    torn_down: list[int] = field(default_factory=list)
-    torn_down_after_s: float = 0.0
-
-    def state(self) -> dict[str, str]:
-        return self.cluster.job(self.job_id)
-
-    def poll(self) -> int | None:
-        """The exit status once Slurm is done with the job (a failed or cancelled job without one: 1);
-        None while it is pending, running, being requeued."""
-        info = self.state()
-        state = info.get("JobState")
-        if state is None:
-            return 1  # slurmctld forgot the job: it ended long ago, or the cluster is gone
-        if state not in TERMINAL:
-            return None
-        code = int(info.get("ExitCode", "0:0").split(":")[0] or 0)
-        return 0 if state == "COMPLETED" else (code or 1)
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        return poll_until(self.poll, timeout, 0.1)
-
-    def restarts(self) -> int:
-        """How often Slurm has requeued it (SLURM_RESTART_COUNT of its current run)."""
-        return int(self.state().get("Restarts", "0") or 0)
-
-    def attempt_rc(self, attempt: int) -> int | None:
-        """The exit status run ``attempt`` of the batch script recorded, if it lived to record it."""
-        try:
-            return int((self.run_dir / f"slurm-attempt-{attempt}.rc").read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-    def attempt(self, number: int) -> "SlurmAttempt":
-        return SlurmAttempt(self, number)
-
-    def workers(self) -> list[psutil.Process]:
-        return job_processes(self.marker)
-
-    def launcher_pids(self) -> list[int]:
-        return [p.pid for p in self.workers() if _cmdline(p)[1:3] == ["-m", "torch.distributed.run"]]
-
-    def host_pid(self, rank: int, pid: int) -> int:
-        return pid  # one host, one pid namespace
-
-    def signal(self, sig: signal.Signals) -> None:
-        """To every task of the job's steps, as ``scancel --signal`` does for a preemption notice."""
-        self.cluster.run("scancel", f"--signal={sig.name.removeprefix('SIG')}", str(self.job_id), check=False)
-
-    def kill(self) -> None:
-        """Cancel it and wait until none of its processes is left."""
-        self.cluster.run("scancel", str(self.job_id), check=False)
-        end = time.monotonic() + self.cluster.config.kill_wait_s + 5
-        while (self.workers() or self.poll() is None) and time.monotonic() < end:
-            time.sleep(0.1)
-        for p in self.workers():
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-
-
-@dataclass
-class SlurmAttempt:
-    """Run ``number`` of a job (its SLURM_RESTART_COUNT), with ``launcher.Job``'s interface: it
-    ends when Slurm is done with it (requeued, or finished) and none of its processes is left."""
-
-    job: SlurmJob
-    number: int
-    torn_down: list[int] = field(default_factory=list)
-    torn_down_after_s: float = 0.0
-    slurm_ended: float | None = None  # when Slurm was done with this run (monotonic)
-    leftovers_killed: list[int] = field(default_factory=list)  # its processes Slurm's pgid tracking missed
-    final: dict[str, str] = field(default_factory=dict)  # scontrol's fields when it ended
-
-    @property
-    def log_path(self) -> Path:
-        return self.job.log_path
-
-    def state(self) -> dict[str, str]:
-        return self.job.state()
-
-    def running(self) -> bool:
-        """Slurm runs this very attempt and its torchrun has started."""
-        info = self.state()
-        return (info.get("JobState") == "RUNNING" and int(info.get("Restarts", "0") or 0) == self.number
-                and bool(self.launcher_pids()))
-
-    def requeued_itself(self) -> bool:
-        """The batch script of this run requeued the job after a preemption it survived."""
-        line = f"job {self.job.job_id} attempt {self.number} requeues itself"
-        return self.log_path.exists() and line in self.log_path.read_text(errors="replace")
-
-    def _kill_orphans(self) -> None:
-        """Kill the ranks whose torchrun is gone. Slurm's SIGKILL at the end of a grace period (or of
-        KillWait) reaches torchrun's process group only: its workers have sessions of their own,
-        which proctrack/pgid does not follow, and would go on writing. proctrack/cgroup on a real
-        cluster kills them with it."""
-        procs = self.workers()
-        ours = {p.pid for p in procs}
-        for p in procs:
-            try:
-                if "RANK" in p.environ() and p.ppid() not in ours:  # re-parented: its torchrun is gone
-                    p.kill()
-                    self.leftovers_killed.append(p.pid)
-            except psutil.Error:
-                pass
-
-    def poll(self) -> int | None:
-        self._kill_orphans()
-        if self.slurm_ended is None:
-            info = self.state()
-            restarts = int(info.get("Restarts", "0") or 0)
-            if info and restarts == self.number and info.get("JobState") not in TERMINAL:
-                return None
-            self.slurm_ended, self.final = time.monotonic(), info
-        if self.workers():
-            if time.monotonic() - self.slurm_ended < self.job.cluster.config.kill_wait_s + 3:
-                return None
-            for p in self.workers():  # what outlived Slurm's own kill by more than KillWait
-                try:
-                    p.kill()
-                    self.leftovers_killed.append(p.pid)
-                except psutil.Error:
-                    pass
-            return None
-        rc = self.job.attempt_rc(self.number)
-        if rc is not None:
-            return rc
-        # killed before it could say (SIGKILL at the end of a grace period, a lost node)
-        code = int(self.final.get("ExitCode", "0:9").split(":")[0] or 0) if self.final else 0
-        return code or -signal.SIGKILL
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        return poll_until(self.poll, timeout, 0.05)
-
-    def workers(self) -> list[psutil.Process]:
-        out = []
-        for p in self.job.workers():
-            try:
-                if p.environ().get("CKPT_CHAOS_ATTEMPT") == str(self.number):
-                    out.append(p)
-            except psutil.Error:
-                pass
-        return out
-
-    def launcher_pids(self) -> list[int]:
-        return [p.pid for p in self.workers() if _cmdline(p)[1:3] == ["-m", "torch.distributed.run"]]
-
-    def rank_pids(self) -> dict[int, int]:
-        return {}
-
-    def host_pid(self, rank: int, pid: int) -> int:
-        return pid
-
-    def node_of(self, rank: int) -> int:
-        for p in self.workers():
-            try:
-                env = p.environ()
-            except psutil.Error:
-                continue
-            if env.get("RANK") == str(rank):
-                return int(env.get("SLURM_NODEID", "0"))
-        raise LookupError(f"rank {rank} of attempt {self.number} is not running")
-
-    def node_name(self, index: int) -> str | None:
-        """The Slurm node (n1, ...) that holds the job's node ``index`` (SLURM_NODEID) in this run."""
-        for p in self.workers():
-            try:
-                env = p.environ()
-            except psutil.Error:
-                continue
-            if env.get("SLURM_NODEID") == str(index) and env.get("SLURMD_NODENAME"):
-                return env["SLURMD_NODENAME"]
-        return None
-
-    def signal(self, sig: signal.Signals) -> None:
-        self.job.signal(sig)
-
-    def kill(self) -> None:
-        """Nothing: the job lives on into its next run; ``SlurmJob.kill`` ends it."""
 
 
 def _sigkill(procs: list[psutil.Process]) -> list[psutil.Process]:
@@ -770,151 +565,3 @@ def _node_id(p: psutil.Process) -> int | None:
         return int(p.environ().get("SLURM_NODEID", ""))
     except (psutil.Error, ValueError):
         return None
-
-
-def expand_nodes(node_list: str) -> list[str]:
-    """Slurm's compact node list (``n[1-2,4]``, ``n1,n3``) as names, as ``scontrol show hostnames``
-    would print them, without asking a cluster that may be gone."""
-    out = []
-    for prefix, ranges, single in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", node_list):
-        if single:
-            out.append(single)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            out += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi or lo) + 1)]
-    return out
-
-
-def _cmdline(p: psutil.Process) -> list[str]:
-    try:
-        return p.cmdline()
-    except psutil.Error:
-        return []
-
-
-def _wait_ports(ports, timeout: float = 5) -> list[int]:
-    """The ports still listening after ``timeout`` (a killed process's sockets close as it is reaped)."""
-    end = time.monotonic() + timeout
-    while (busy := listening(ports)) and time.monotonic() < end:
-        time.sleep(0.1)
-    return busy
-
-
-def _foreign_listeners(ports, ours: set[int]) -> list[int]:
-    """Those of ``ports`` that a process other than ``ours`` listens on."""
-    wanted = set(ports)
-    return sorted({c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
-                   and c.laddr and c.laddr.port in wanted and c.pid not in ours})
-
-
-def _state_dir(path: str) -> str | None:
-    """The cluster state directory that ``path`` lies in, if any."""
-    m = _STATE.match(path)
-    return m.group(0) if m else None
-
-
-def _tagged(wanted) -> list[psutil.Process]:
-    """The live processes of the clusters whose state directory ``wanted(state)`` picks: those that
-    carry it in their environment (daemons, jobs), those that run in it or hold a socket in it
-    (slurmstepd: slurmd starts it with an empty environment, in slurmd's own working directory, and
-    it listens in the spool), and all their descendants (a job started with ``--export=NONE``)."""
-    found: dict[int, psutil.Process] = {}
-
-    def add(p: psutil.Process) -> None:
-        found[p.pid] = p
-        try:
-            found.update((c.pid, c) for c in p.children(recursive=True))
-        except psutil.Error:
-            pass
-
-    for p in psutil.process_iter():
-        try:
-            state = p.environ().get(STATE_ENV) or _state_dir(p.cwd())
-        except (psutil.Error, OSError):
-            continue
-        if state and wanted(state):
-            add(p)
-    try:
-        sockets = psutil.net_connections("unix")
-    except (psutil.Error, OSError):
-        sockets = []
-    for conn in sockets:
-        state = _state_dir(conn.laddr) if isinstance(conn.laddr, str) else None
-        if state and conn.pid and wanted(state) and conn.pid not in found:
-            try:
-                add(psutil.Process(conn.pid))
-            except psutil.Error:
-                pass
-    found.pop(os.getpid(), None)
-    return [p for p in found.values() if _alive(p)]
-
-
-def _kill(find) -> list[int]:
-    """SIGKILL every process ``find()`` returns, until it returns none (a task may fork while it is
-    being killed); the pids still alive at the end."""
-    left: list[psutil.Process] = []
-    for _ in range(3):
-        procs = find()
-        if not procs:
-            return []
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGKILL)  # stopped processes die of it too
-            except psutil.Error:
-                pass
-        _, left = psutil.wait_procs(procs, timeout=5)
-    return [p.pid for p in left if _alive(p)]
-
-
-def _alive(p: psutil.Process) -> bool:
-    """Running and not a zombie: a zombie that init has not reaped yet holds no port or file."""
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-# ---- leftovers of harnesses that were killed ----------------------------------------------------
-
-_STATE = re.compile(rf"{re.escape(os.path.join(TMP, STATE_PREFIX))}(\d+)-[0-9a-f]+(?=/|$)")
-
-
-def _owner(state: str) -> int:
-    return int(_STATE.match(state).group(1))
-
-
-def _owner_alive(state: str) -> bool:
-    owner = _owner(state)
-    return owner == os.getpid() or psutil.pid_exists(owner)
-
-
-def _state_dirs() -> list[str]:
-    """Every cluster's state directory on this machine."""
-    return sorted(d for d in glob.glob(os.path.join(TMP, f"{STATE_PREFIX}*"))
-                  if _STATE.fullmatch(d) and os.path.isdir(d))
-
-
-def leftovers(owner: int | None = None) -> list[str]:
-    """Processes (``process PID NAME``) and state directories (``state DIR``) of clusters whose
-    harness no longer runs, or all of those of harness ``owner``."""
-    def wanted(state: str) -> bool:
-        return _owner(state) == owner if owner is not None else not _owner_alive(state)
-
-    out = []
-    for p in sorted(_tagged(wanted), key=lambda p: p.pid):
-        try:
-            out.append(f"process {p.pid} {p.name()}")
-        except psutil.Error:
-            pass
-    return out + [f"state {d}" for d in _state_dirs() if wanted(d)]
-
-
-def remove_leftovers() -> list[str]:
-    """Kill every process of the clusters of harnesses that no longer run, remove their state."""
-    gone = leftovers()
-    _kill(lambda: _tagged(lambda state: not _owner_alive(state)))
-    for d in _state_dirs():
-        if not _owner_alive(d):
-            shutil.rmtree(d, ignore_errors=True)
-    return gone
