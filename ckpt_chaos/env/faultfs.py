@@ -39,6 +39,9 @@ Run as ``python -m ckpt_chaos.env.faultfs BACKING MOUNTPOINT CONTROL_SOCKET FSNA
 abstract socket). ``BACKING/data``
 is what the mount shows; ``BACKING/.faultfs`` holds durable copies and the entries that an
 undo may need back, on the same file system so that keeping them is a rename, not a copy.
+
+The probe points' reporting is in ``env/faultfs_probe.py``, the crash of the power-loss model in
+``env/faultfs_powerloss.py``.
 """
 
 from __future__ import annotations
@@ -57,9 +60,9 @@ from dataclasses import dataclass, field
 
 from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
 
-from ckpt_chaos.env.launcher import kill_pending
+from ckpt_chaos.env.faultfs_powerloss import Crash, NsOp, remove_entry
+from ckpt_chaos.env.faultfs_probe import Reporter, tgid
 from ckpt_chaos.env.storage import FAULTFS_POINTS, POWER_LOSS_MODES, socket_address
-from ckpt_chaos.probe import follow
 
 # Call names a rule may use, and the FUSE operations each covers.
 CALLS = {
@@ -96,149 +99,6 @@ class Rule:
     rng: random.Random = field(default_factory=random.Random)
 
 
-@dataclass
-class _NsOp:
-    """A namespace operation not yet durable: enough to undo it."""
-
-    kind: str  # create | mkdir | unlink | rmdir | rename
-    dir_ino: int  # directory whose fsync makes it durable (for rename: the source directory)
-    name: str
-    ino: int = 0
-    dst_dir_ino: int = 0  # rename: destination directory (its fsync also makes it durable)
-    dst_name: str = ""
-    grave: str | None = None  # unlink: where the entry waits; rename: the entry it replaced
-
-
-def _tgid(tid: int) -> int:
-    try:
-        with open(f"/proc/{tid}/status") as f:
-            for line in f:
-                if line.startswith("Tgid:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return tid
-
-
-def _environ(pid: int) -> dict[str, str] | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    return dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw.split(b"\0") if b"=" in kv)
-
-
-def _rank(env: dict[str, str]) -> int:
-    rank = env.get("RANK", env.get("LOCAL_RANK", "0"))
-    return int(rank) if rank.isdigit() else 0
-
-
-def _alive(pid: int) -> bool:
-    """Neither dead nor dying: a process held here does not die of a SIGKILL before the answer, but
-    the call it is held in must not happen."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X") and not kill_pending(pid)
-
-
-class Reporter:
-    """The probe events of one controller: a job's calls on this mount, reported and held."""
-
-    MIB = 1 << 20  # without a plan, a write is reported at each MiB it crosses
-
-    def __init__(self, controller: str, points, planned: dict | None, prefix: str):
-        self.controller = controller
-        self.points = frozenset(points)
-        self.follow = follow.Follower(planned)  # the golden run's file of each file written (probe/follow.py)
-        self.prefix = prefix.strip("/")
-        self._lock = threading.Lock()
-        self._file = None
-        self._seq = 0
-        self._lost = False
-        self._env: dict[int, dict[str, str] | None] = {}
-
-    def path(self, path: str) -> str:
-        """A path inside the mount as the probe layer names it: relative to the run directory."""
-        return f"{self.prefix}/{path.lstrip('/')}" if self.prefix else path.lstrip("/")
-
-    def begin(self, tid: int, path: str) -> tuple[int | None, list[str]]:
-        """A handle's first write, under ``path`` (inside the mount): the file's planned size and its
-        other names in the golden run (``follow.Follower.open``; a process not of the job counts not)."""
-        job = self._job(tid)
-        if job is None:
-            return follow.planned_size(self.follow.sizes, self.path(path)), []
-        env = job[1]
-        launch = int(env.get("CKPT_CHAOS_ATTEMPT", "0") or 0) + int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        return self.follow.open("faultfs", _rank(env), self.path(path), launch)
-
-    def cuts(self, planned: int | None, offset: int, size: int) -> list[tuple[int, float | None]]:
-        """Where a write of ``size`` bytes at ``offset`` to a file of ``planned`` bytes is reported:
-        (file offset, fraction of the plan)."""
-        if planned:
-            tenths = [-(-k * planned // 10) for k in range(1, 10)]
-            return [(b, b / planned) for b in tenths if offset < b <= offset + size]
-        return [(b, None) for b in range((offset // self.MIB + 1) * self.MIB, offset + size + 1, self.MIB)]
-
-    def hold(self, point: str, tid: int, **info) -> None:
-        """Report ``point`` for the calling process and wait for the controller's answer: raises
-        EIO where it says so, EINTR where the caller died meanwhile (the call must not happen)."""
-        if point not in self.points:
-            return
-        job = self._job(tid)
-        if job is None:
-            return  # not a process of the job (the harness, a shell looking around)
-        pid, env = job
-        answer = self._send({"rank": _rank(env), "role": env.get("CKPT_CHAOS_ROLE", "rank"),
-                             "pid": pid, "attempt": int(env.get("CKPT_CHAOS_ATTEMPT", "0") or 0),
-                             "restart": int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0), "point": point,
-                             "t": time.time(), "info": {**info, "source": "faultfs"}})
-        if not _alive(pid):
-            raise FuseOSError(errno.EINTR)
-        if answer and answer.get("do") == "raise":
-            raise FuseOSError(errno.EIO)
-
-    def _job(self, tid: int) -> tuple[int, dict[str, str]] | None:
-        """The calling process and its environment, when it is one of the job's (the controller's
-        address in its environment)."""
-        pid = _tgid(tid)
-        if pid not in self._env:
-            self._env[pid] = _environ(pid)
-        env = self._env[pid]
-        if not env or not env.get("CKPT_CHAOS_CONTROLLER"):
-            return None
-        return pid, env
-
-    def _send(self, msg: dict) -> dict | None:
-        with self._lock:
-            self._seq += 1
-            msg["seq"] = self._seq
-            try:
-                if self._file is None:
-                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    sock.connect(self.controller)
-                    self._file = sock.makefile("rwb", buffering=0)
-                self._file.write(json.dumps(msg).encode() + b"\n")
-                line = self._file.readline()
-                if not line:
-                    raise ConnectionError("the controller closed the connection")
-                return json.loads(line)
-            except (OSError, ValueError) as e:
-                self._file = None
-                if not self._lost:  # the job goes on, unprobed here, and the log says why
-                    self._lost = True
-                    print(f"faultfs: lost the controller at {msg['point']}: {e!r}", file=sys.stderr, flush=True)
-                return None
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-
 
 class FaultFS(Operations):
     use_ns = True  # utimens gets nanoseconds
@@ -255,7 +115,7 @@ class FaultFS(Operations):
         self.calls: dict[str, int] = {}
         self.lazy = False
         self.dirty: dict[int, str | None] = {}  # inode -> copy of its durable content (None: empty)
-        self.ops: list[_NsOp] = []  # un-persisted namespace operations, oldest first
+        self.ops: list[NsOp] = []  # un-persisted namespace operations, oldest first
         self.synced_files: set[int] = set()  # inodes fsynced since tracking began (for the crash's account)
         self.synced_dirs: set[int] = set()  # directory inodes fsynced since tracking began
         self.bandwidth_free_at = 0.0
@@ -273,7 +133,7 @@ class FaultFS(Operations):
 
     def _check(self, op: str, *paths: str, nbytes: int = 0) -> None:
         """Count the call against every armed rule; sleep and/or raise as the rules say."""
-        if op == "open" and _tgid(fuse_get_context()[2]) == self.harness:
+        if op == "open" and tgid(fuse_get_context()[2]) == self.harness:
             # the kernel opening, for the harness's file-event recorder (env/fileevents.py), what a job
             # process opened: not a call of the job's, and a fault it took would be the job's no more
             return
@@ -287,7 +147,7 @@ class FaultFS(Operations):
                 if not any(fnmatch.fnmatch(p.lstrip("/"), r.path) for p in paths):
                     continue
                 if r.pids is not None:
-                    pid = pid if pid is not None else _tgid(fuse_get_context()[2])
+                    pid = pid if pid is not None else tgid(fuse_get_context()[2])
                     if pid not in r.pids:
                         continue
                 r.matched += 1
@@ -307,7 +167,7 @@ class FaultFS(Operations):
                     fail = r.errno
                     self.injected.append({"t": time.time(), "rule": rid, "op": op, "path": paths[0],
                                           "errno": errno.errorcode.get(r.errno, str(r.errno)),
-                                          "pid": pid if pid is not None else _tgid(fuse_get_context()[2])})
+                                          "pid": pid if pid is not None else tgid(fuse_get_context()[2])})
         if delay > 0:
             time.sleep(delay)
         if fail is not None:
@@ -388,7 +248,7 @@ class FaultFS(Operations):
             shutil.copyfile(full if fh is None else f"/proc/self/fd/{fh}", copy)
         self.dirty[st.st_ino] = copy
 
-    def _log(self, op: _NsOp) -> None:
+    def _log(self, op: NsOp) -> None:
         if self.lazy:
             self.ops.append(op)
 
@@ -438,7 +298,7 @@ class FaultFS(Operations):
             if self.lazy and not existed:
                 ino = os.fstat(fd).st_ino
                 self.dirty[ino] = None
-                self._log(_NsOp("create", self._ino(os.path.dirname(full)), os.path.basename(full), ino))
+                self._log(NsOp("create", self._ino(os.path.dirname(full)), os.path.basename(full), ino))
             self.names[fd] = path
             return fd
 
@@ -547,20 +407,20 @@ class FaultFS(Operations):
         self.ops = [op for op in self.ops if op not in durable]
         for op in durable:
             if op.grave:
-                _remove(op.grave)
+                remove_entry(op.grave)
             if op.kind == "rmdir":  # the directory is gone for good, and with it what happened inside
                 inside = [o for o in self.ops if o.dir_ino == op.ino]
                 self.ops = [o for o in self.ops if o not in inside]
                 for o in inside:
                     if o.grave:
-                        _remove(o.grave)
+                        remove_entry(o.grave)
 
     def mkdir(self, path, mode):
         self._check("mkdir", path)
         full = self._full(path)
         with self._mutex:
             os.mkdir(full, mode)
-            self._log(_NsOp("mkdir", self._ino(os.path.dirname(full)), os.path.basename(full), self._ino(full)))
+            self._log(NsOp("mkdir", self._ino(os.path.dirname(full)), os.path.basename(full), self._ino(full)))
         return 0
 
     def rmdir(self, path):
@@ -571,7 +431,7 @@ class FaultFS(Operations):
         with self._mutex:
             ino, parent = self._ino(full), self._ino(os.path.dirname(full))
             os.rmdir(full)
-            self._log(_NsOp("rmdir", parent, os.path.basename(full), ino))
+            self._log(NsOp("rmdir", parent, os.path.basename(full), ino))
         return 0
 
     def unlink(self, path):
@@ -583,7 +443,7 @@ class FaultFS(Operations):
             if not self.lazy:
                 os.unlink(full)
                 return 0
-            op = _NsOp("unlink", self._ino(os.path.dirname(full)), os.path.basename(full), self._ino(full),
+            op = NsOp("unlink", self._ino(os.path.dirname(full)), os.path.basename(full), self._ino(full),
                        grave=self._grave())
             os.rename(full, op.grave)  # kept until the unlink is durable: a crash may bring it back
             self.ops.append(op)
@@ -599,7 +459,7 @@ class FaultFS(Operations):
                 os.rename(src, dst)
                 self._renamed(old, new)
                 return 0
-            op = _NsOp("rename", self._ino(os.path.dirname(src)), os.path.basename(src), self._ino(src),
+            op = NsOp("rename", self._ino(os.path.dirname(src)), os.path.basename(src), self._ino(src),
                        dst_dir_ino=self._ino(os.path.dirname(dst)), dst_name=os.path.basename(dst))
             if os.path.lexists(dst) and not os.path.isdir(dst):
                 op.grave = self._grave()
@@ -650,94 +510,14 @@ class FaultFS(Operations):
         if mode not in POWER_LOSS_MODES:
             raise ValueError(f"unknown power-loss mode {mode!r}; allowed: {', '.join(POWER_LOSS_MODES)}")
         with self._mutex:
-            dirs, files = _index(self.data)
-
-            def rel(path: str) -> str:
-                return os.path.relpath(path, self.data)
-
-            # entries a pending unlink, or a rename over them, keeps aside: by the name they had
-            aside = {op.grave: (op.dir_ino, op.name) if op.kind == "unlink" else (op.dst_dir_ino, op.dst_name)
-                     for op in self.ops if op.grave}
-            truncated, restored, data_lost = [], [], []
-            for ino, copy in self.dirty.items():
-                path = files.get(ino)
-                if path is None:
-                    path = _find_in(self.keep, ino)
-                    if path is None or mode == "entries-kept":
-                        continue  # kept aside by an unlink or a rename over it, which stays done: it is gone
-                    parent, name = aside.get(path, (None, os.path.basename(path)))
-                    named = os.path.normpath(os.path.join(rel(dirs[parent]), name)) if parent in dirs else name
-                else:
-                    named = rel(path)
-                before = os.lstat(path).st_size
-                if copy is None:
-                    os.truncate(path, 0)
-                    truncated.append(named)
-                else:
-                    shutil.copyfile(copy, path)
-                    os.unlink(copy)
-                    restored.append(named)
-                data_lost.append({"path": named, "size_before": before, "size_after": os.lstat(path).st_size,
-                                  "ever_fsynced": ino in self.synced_files})
+            cut = Crash(self.data, self.keep, self.synced_files, self.synced_dirs)
+            truncated, restored, data_lost = cut.drop_data(self.dirty, self.ops, mode)
             self.dirty.clear()
-            undone, entries_undone, entries_kept = [], [], []
-            renumbered: dict[int, int] = {}  # a directory re-created by an undo has a new inode
-
-            def where(ino: int) -> str | None:
-                ino = renumbered.get(ino, ino)
-                return dirs.get(ino)
-
-            def entry(op: _NsOp, path: str, src: str | None = None) -> dict:
-                return {"op": op.kind, "path": path, **({"src": src} if src is not None else {}),
-                        "folder_ever_fsynced": bool({op.dir_ino, op.dst_dir_ino} & self.synced_dirs)}
-
-            def at(dir_ino: int, name: str) -> str:
-                parent = where(dir_ino)
-                return os.path.normpath(os.path.join(rel(parent), name)) if parent else name
-
-            if mode == "entries-kept":
-                entries_kept = [entry(op, at(op.dst_dir_ino, op.dst_name), at(op.dir_ino, op.name))
-                                if op.kind == "rename" else entry(op, at(op.dir_ino, op.name)) for op in self.ops]
-            for op in reversed(self.ops if mode == "undo" else []):
-                parent = where(op.dir_ino)
-                if parent is None:
-                    continue
-                here = os.path.join(parent, op.name)
-                if op.kind in ("create", "mkdir"):
-                    if os.path.lexists(here) and os.lstat(here).st_ino == op.ino:
-                        _remove(here)
-                        undone.append(f"{op.kind} {os.path.relpath(here, self.data)}")
-                        entries_undone.append(entry(op, rel(here)))
-                elif op.kind == "unlink":
-                    if os.path.lexists(op.grave):
-                        os.rename(op.grave, here)
-                        undone.append(f"unlink {os.path.relpath(here, self.data)}")
-                        entries_undone.append(entry(op, rel(here)))
-                elif op.kind == "rmdir":
-                    if os.path.lexists(here):
-                        continue
-                    os.mkdir(here)
-                    renumbered[op.ino] = os.lstat(here).st_ino
-                    dirs[renumbered[op.ino]] = here
-                    undone.append(f"rmdir {os.path.relpath(here, self.data)}")
-                    entries_undone.append(entry(op, rel(here)))
-                elif op.kind == "rename":
-                    dst_parent = where(op.dst_dir_ino)
-                    if dst_parent is None:
-                        continue
-                    there = os.path.join(dst_parent, op.dst_name)
-                    if not os.path.lexists(there):
-                        continue
-                    os.rename(there, here)
-                    if op.grave and os.path.lexists(op.grave):
-                        os.rename(op.grave, there)
-                    undone.append(f"rename {os.path.relpath(here, self.data)} -> "
-                                  f"{os.path.relpath(there, self.data)}")
-                    entries_undone.append(entry(op, rel(there), rel(here)))
-                    dirs, _ = _index(self.data)  # a directory may have moved
+            entries_kept = cut.kept(self.ops) if mode == "entries-kept" else []
+            undone, entries_undone = cut.undo(self.ops) if mode == "undo" else ([], [])
             self.ops.clear()
             for name in os.listdir(self.keep):
-                _remove(os.path.join(self.keep, name))
+                remove_entry(os.path.join(self.keep, name))
             return {"mode": mode, "truncated": sorted(truncated), "restored": sorted(restored), "undone": undone,
                     "data_lost": sorted(data_lost, key=lambda d: d["path"]), "entries_undone": entries_undone,
                     "entries_kept": entries_kept}
@@ -748,35 +528,6 @@ class FaultFS(Operations):
                     "dirty_files": len(self.dirty), "pending_namespace_ops": len(self.ops),
                     "rules": {rid: {"call": r.call, "path": r.path, "matched": r.matched, "failed": r.failed}
                               for rid, r in self.rules.items()}}
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.unlink(path)
-
-
-def _index(root: str) -> tuple[dict[int, str], dict[int, str]]:
-    """inode -> path of every directory (root included) and every file under ``root``."""
-    dirs, files = {os.lstat(root).st_ino: root}, {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for d in dirnames:
-            p = os.path.join(dirpath, d)
-            dirs[os.lstat(p).st_ino] = p
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            files[os.lstat(p).st_ino] = p
-    return dirs, files
-
-
-def _find_in(root: str, ino: int) -> str | None:
-    for dirpath, _, filenames in os.walk(root):
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            if os.lstat(p).st_ino == ino:
-                return p
-    return None
 
 
 class _FUSE(FUSE):
