@@ -96,7 +96,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ckpt_chaos.faults import KINDS, FaultKind, Invalid, families, lookup
+from ckpt_chaos.faults.registry import KINDS, Invalid, families, lookup
+from ckpt_chaos.faults.targets import target_ranks
 from ckpt_chaos.env.storage import FAULTFS_POINTS
 from ckpt_chaos.probe import POINTS, auto
 
@@ -175,8 +176,9 @@ class Fault:
         self.kind, self.when, self.target, self.attempt, self.params = kind, when, target, attempt, params
 
     @property
-    def spec(self) -> FaultKind:
-        """The kind's definition in the fault registry."""
+    def spec(self) -> Any:
+        """The kind's definition in the fault registry: its ``FaultKind`` (ckpt_chaos/faults/kind.py,
+        which reads scenarios, so is not imported here)."""
         return lookup(self.kind)
 
     @property
@@ -411,33 +413,6 @@ def _type_ok(value: Any, annotation: str) -> bool:
               "list[dict[str, Any]]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v)}
     options = [a.strip() for a in annotation.split("|")]
     return any(checks.get(o, lambda v: True)(value) for o in options if o != "None")
-
-
-def target_ranks(target: str, world_size: int, triggering: int | None = None,
-                 ranks_per_node: int | None = None) -> list[int]:
-    """The ranks a target names at this world size. ``node:N`` is every rank of node N; with
-    ``ranks_per_node`` None (the local backend) there is one node holding every rank."""
-    if target == "triggering":
-        return [] if triggering is None else [triggering]
-    if target == "uploader":  # the remote tier's uploader process, not a rank
-        return []
-    if target.startswith("node:"):
-        if ranks_per_node is None:
-            return list(range(world_size)) if target == "node:0" else []
-        n = int(target[5:])
-        return [r for r in range(n * ranks_per_node, (n + 1) * ranks_per_node) if r < world_size]
-    if target == "all":
-        return list(range(world_size))
-    if target == "majority":
-        return list(range(world_size // 2 + 1))
-    if target == "minority":
-        n = (world_size - 1) // 2
-        return list(range(world_size - n, world_size))
-    if target.startswith("rank:"):
-        return [int(target[5:])]
-    if target.startswith("ranks:"):
-        return sorted({int(x) for x in target[6:].split(",")})
-    raise ValueError(target)
 
 
 def _check_target(target: str, s: Scenario, source: str, key: str) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from ckpt_chaos.run.triggers import Generator
 from ckpt_chaos.config import builtin_scenarios
-from ckpt_chaos.scenario import Fault, Scenario, ScenarioError, Trigger, catalogue, load, target_ranks
+from ckpt_chaos.faults.targets import target_ranks
+from ckpt_chaos.scenario import Fault, Scenario, ScenarioError, Trigger, catalogue, load
 from tests.helpers import REPO
 
 GOOD = """

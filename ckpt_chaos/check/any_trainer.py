@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ckpt_chaos.check.checks import Report, Run, _faults_fired, _harness_health, sample_shift
+from ckpt_chaos.check.checks import _faults_fired, _harness_health, sample_shift
+from ckpt_chaos.check.verdict import Report, Run
 from ckpt_chaos.check.evidence import Evidence, Resume
 from ckpt_chaos.check.history import Exited, read_jsonl, step_loss
 from ckpt_chaos.scenario import Scenario

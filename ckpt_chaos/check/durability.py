@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ckpt_chaos.check.history import FaultFired, trajectory_records
 
 if TYPE_CHECKING:
-    from ckpt_chaos.check.checks import Run
+    from ckpt_chaos.check.verdict import Run
 
 SHOWN = 4  # files or entries named in one clause; the rest are counted
 
@@ -26,7 +26,7 @@ def power_loss_summary(run: Run, launch: int) -> str | None:
     """One sentence saying what the power cut that ended launch ``launch`` lost for lack of fsync,
     naming the files; None if no power_loss fault ended that launch.
 
-    ``run`` is the stored run (``ckpt_chaos.check.checks.Run``); ``launch`` is the launch the power
+    ``run`` is the stored run (``ckpt_chaos.check.verdict.Run``); ``launch`` is the launch the power
     cut ended, so a check of relaunch N (``lost_work@N``, ``resumed_newest@N``) passes N - 1. The
     sentence gives the step the cut came at (the last step that launch trained), each file whose
     un-fsynced data was dropped with its size before and after ("checkpoints/step_8.pt lost its data

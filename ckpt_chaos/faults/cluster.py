@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from ckpt_chaos.env import cluster as cluster_module
 from ckpt_chaos.env.cluster import FW_TABLE, STORE_PORT
-from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams
+from ckpt_chaos.faults.kind import FaultKind, Nemesis, NoParams
+from ckpt_chaos.faults.registry import Invalid
 
 if TYPE_CHECKING:
     from ckpt_chaos.scenario import Fault, Scenario

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 import psutil
 
 from ckpt_chaos.env.launcher import kill_pending
-from ckpt_chaos.faults import AMPLE_S, FaultKind, Invalid, Nemesis, NoParams, Setting
+from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Nemesis, NoParams, Setting
+from ckpt_chaos.faults.registry import Invalid
+from ckpt_chaos.faults.targets import target_ranks
 
 if TYPE_CHECKING:
-    from ckpt_chaos.check.checks import Report, Run
     from ckpt_chaos.check.history import FaultFired
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.env.launcher import Job
     from ckpt_chaos.scenario import Fault, Scenario
 
@@ -97,8 +99,6 @@ class ProcessNemesis(Nemesis):
 
     def _targets(self, fault: Fault, event: dict, record: dict) -> dict[int, int]:
         """rank -> pid of the fault's targets in this launch, noted in ``record``."""
-        from ckpt_chaos.scenario import target_ranks
-
         cluster = self.setting.cluster
         ranks = target_ranks(fault.target, self.launch.world_size, triggering=event["rank"],
                              ranks_per_node=cluster.ranks_per_node if cluster else None)

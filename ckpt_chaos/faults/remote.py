@@ -9,7 +9,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ckpt_chaos.faults import FaultKind, Invalid, Nemesis, NoParams, Setting
+from ckpt_chaos.faults.kind import FaultKind, Nemesis, NoParams, Setting
+from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.process import kill_local_node
 from ckpt_chaos.faults.storage import corruption_detected
 

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckpt_chaos.env import slurm as slurm_env
-from ckpt_chaos.faults import AMPLE_S, FaultKind, Invalid, Nemesis, NoParams
+from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Nemesis, NoParams
+from ckpt_chaos.faults.registry import Invalid
 
 if TYPE_CHECKING:
-    from ckpt_chaos.check.checks import Report, Run
     from ckpt_chaos.check.history import FaultFired
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.scenario import Fault, Scenario
 
 SIGNALS = ("TERM", "INT", "USR1", "USR2")

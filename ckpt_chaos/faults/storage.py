@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING
 
 from ckpt_chaos.check.history import Healed
 from ckpt_chaos.env.storage import POWER_LOSS_MODES, missing
-from ckpt_chaos.faults import FaultKind, Invalid, Nemesis
+from ckpt_chaos.faults.kind import FaultKind, Nemesis
+from ckpt_chaos.faults.registry import Invalid
+from ckpt_chaos.faults.targets import target_ranks
 
 if TYPE_CHECKING:
-    from ckpt_chaos.check.checks import Report, Run
     from ckpt_chaos.check.history import FaultFired
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.scenario import Fault, Scenario
 
 CALLS = ("open", "write", "read", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate", "any")
@@ -101,8 +103,6 @@ class StorageNemesis(Nemesis):
         return None
 
     def _targets(self, fault: Fault, event: dict, record: dict) -> dict[int, int]:
-        from ckpt_chaos.scenario import target_ranks
-
         ranks = target_ranks(fault.target, self.launch.world_size, triggering=event["rank"])
         pids = {r: self.launch.pids[r] for r in ranks if r in self.launch.pids}
         record.update(ranks=ranks, pids=sorted(pids.values()), missing_ranks=sorted(set(ranks) - set(pids)))

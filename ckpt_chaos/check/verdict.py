@@ -1,0 +1,115 @@
+"""The verdict vocabulary: a check's answer (``Check``), a run's answers (``Report``) and the stored
+run the checks read (``Run``).
+
+A check answers ``pass``, ``fail``, ``unknown`` (the run cannot tell) or ``n/a`` (it does not apply to
+this scenario), with a sentence that says what was seen. The run's verdict is the worst of them:
+``fail`` over ``unknown`` over ``pass``, ``n/a`` counting as nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckpt_chaos.check.history import (Exited, FaultFired, LaunchStarted, ProbeEvent, R, Record, of, read_history,
+                                     trainer_events, trajectory_records)
+
+if TYPE_CHECKING:
+    from ckpt_chaos.scenario import Scenario
+
+VERDICTS = ("pass", "fail", "unknown", "n/a")
+
+
+@dataclass
+class Check:
+    name: str  # as shown: fault_1_surfaced, committed_survives@0, trajectory
+    verdict: str  # pass | fail | unknown | n/a
+    detail: str
+    check: str = ""  # the same for every fault and subject: fault_surfaced, committed_survives, trajectory
+    fault: int | None = None  # the fault it is about (its index in the scenario), if one
+    at: str | None = None  # what it is about otherwise: a launch, a checkpoint, a view
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    launches: int = 0
+    steps_lost: int | None = None
+    time_to_detect_s: float | None = None
+    time_to_recover_s: float | None = None
+    resumed_from: list[str] = field(default_factory=list)  # per relaunch: the checkpoint it loaded, or "scratch"
+
+    @property
+    def verdict(self) -> str:
+        """The worst check: fail > unknown > pass; n/a counts as nothing."""
+        verdicts = {c.verdict for c in self.checks}
+        return "fail" if "fail" in verdicts else "unknown" if "unknown" in verdicts else "pass"
+
+    @property
+    def reason(self) -> str:
+        bad = [c for c in self.checks if c.verdict in ("fail", "unknown")]
+        return "; ".join(f"{c.name}: {c.detail}" + (" (could not tell)" if c.verdict == "unknown" else "")
+                         for c in bad)
+
+    def add(self, check: str, verdict: bool | str, detail: str, *, fault: int | None = None,
+            at: object = None) -> None:
+        """Record a check: ``verdict`` True/False for pass/fail, or one of VERDICTS."""
+        if isinstance(verdict, bool):
+            verdict = "pass" if verdict else "fail"
+        if verdict not in VERDICTS:  # not an assert: a typo must not pass under python -O
+            raise ValueError(f"check {check}: verdict {verdict!r} is none of {', '.join(VERDICTS)}")
+        if at is not None:
+            name, identity = f"{check}@{at}", check
+        elif fault is not None:
+            name, identity = f"fault_{fault}_{check}", f"fault_{check}"
+        else:
+            name, identity = check, check
+        self.checks.append(Check(name, verdict, detail, identity, fault, None if at is None else str(at)))
+
+
+@dataclass
+class Run:
+    """Everything a stored run says, indexed for the checks."""
+
+    s: Scenario
+    dir: Path
+    golden: Path
+    history: list[Record]
+    events: list[dict]
+
+    @classmethod
+    def load(cls, s: Scenario, run_dir: Path, golden: Path) -> "Run":
+        return cls(s, run_dir, golden, read_history(run_dir), trainer_events(run_dir))
+
+    def records(self, cls: type[R], launch: int | None = None) -> list[R]:
+        return of(self.history, cls, launch)
+
+    def faults(self) -> list[FaultFired]:
+        return of(self.history, FaultFired)
+
+    def probes(self, point: str | None = None) -> list[ProbeEvent]:
+        return [h for h in of(self.history, ProbeEvent) if point is None or h.point == point]
+
+    def trainer(self, kind: str, launch: int | None = None) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind and (launch is None or e.get("attempt") == launch)]
+
+    def launches(self) -> list[int]:
+        ids = {h.launch for h in self.records(LaunchStarted)} | {e.get("attempt", 0) for e in self.events}
+        return sorted(ids)
+
+    def last_step(self, launch: int) -> int:
+        steps = [r["step"] for r in trajectory_records(self.dir) if r.get("attempt") == launch]
+        return max(steps, default=0)
+
+    def resume_point(self, launch: int) -> tuple[str | None, int] | None:
+        """(checkpoint name or None for a fresh start, step) that a launch began from."""
+        loads = self.trainer("loaded", launch)
+        if loads:
+            return loads[0]["name"], loads[0]["step"]
+        if self.trainer("fresh_start", launch):
+            return None, 0
+        return None
+
+    def exit_of(self, launch: int) -> Exited | None:
+        return next(iter(self.records(Exited, launch)), None)

@@ -1,0 +1,132 @@
+"""What a fault kind is (``FaultKind``) and how a family acts on a run (``Nemesis``), for the
+family modules to define their kinds with. The registry of every kind is the package's
+(``ckpt_chaos/faults/__init__.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ckpt_chaos.faults.registry import lookup
+
+if TYPE_CHECKING:
+    from ckpt_chaos.check.history import FaultFired
+    from ckpt_chaos.check.verdict import Report, Run
+    from ckpt_chaos.env.cluster import Cluster
+    from ckpt_chaos.env.launcher import Job
+    from ckpt_chaos.env.objectstore import RemoteTier
+    from ckpt_chaos.env.storage import Storage
+    from ckpt_chaos.scenario import Fault, Scenario
+
+# A grace period or warning at least this long is no race on a loaded machine: the catalogue's
+# emergency saves take well under a second, and two scenarios side by side slow them about twofold
+# (the same bound as the collective timeout scenarios may share at, parallel.MIN_COLLECTIVE_TIMEOUT_S).
+AMPLE_S = 15.0
+
+
+@dataclass
+class NoParams:
+    """The parameters of a kind that takes no keys of its own."""
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """Everything the harness knows about one kind of fault."""
+
+    name: str
+    family: str  # pytest marker and report group: process | node | network | storage | remote
+    doc: str  # one line: what it does
+    params: type  # dataclass of the kind's own TOML keys (besides kind, when, target, attempt)
+    nemesis: type[Nemesis] | None  # the class whose ``action`` injects it; None only for a heal
+    action: Callable[[Any, Fault, dict, dict], dict | None] | None  # (nemesis, fault, event, record) -> answer
+    colour: str  # its shading in plots and the report
+    validate: Callable[[Scenario, Fault], None] | None = None  # cross-field checks; raises Invalid
+    needs: Callable[[Any], frozenset[str]] | None = None  # params -> what the run must set up (faultfs, ...)
+    exit_check: Callable[[Run, FaultFired, Report], None] | None = None  # how its launch must end (else: it fails)
+    effect_check: Callable[[Run, FaultFired, Report], None] | None = None  # what the trainer must show of it
+    describe: Callable[[Fault, FaultFired], str] | None = None  # a short account, for a diagnosis
+    ends_launch: bool = False  # the launch cannot go on; otherwise whether it stops is the trainer's policy
+    crashes: bool = False  # processes end where they stand, leaving the disk as it is at that point
+    notice: bool = False  # the job is told first (a preemption) and may save where it stands: no work lost
+    kills_target: bool = False  # its targets die of it: their exits are the fault, not the job noticing
+    fails_saves: bool = False  # calls of the save under way at (or after) it fail
+    fills_disk: bool = False  # every later save fails too, until space is given back
+    damages: bool = False  # it damages a committed checkpoint on purpose (its record names it)
+    loses_disk: bool = False  # the node's local checkpoint disk is gone: only the remote tier is left
+    loses_unsynced: bool = False  # data not yet made durable by fsync is lost
+    uploader: bool = False  # target = "uploader" acts on the remote tier's uploader process
+    healable: bool = False  # a heal fault lifts it
+    heals: bool = False  # it is a heal: every nemesis of the run lifts what it injected
+    # what its checks see depends on wall-clock time (a timeout, a grace period, a rate): on a loaded
+    # machine the same run could end otherwise, so ``run -n`` runs its scenarios alone. A function
+    # of the params where that depends on them (a grace period long enough is no race: ``AMPLE_S``).
+    timed: bool | Callable[[Any], bool] = False
+
+    def is_timed(self, params: Any) -> bool:
+        return self.timed(params) if callable(self.timed) else self.timed
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.params))
+
+    def make_params(self, **keys: Any) -> Any:
+        """The kind's parameters from keyword arguments; an unknown key raises a TypeError that says
+        which keys the kind takes."""
+        unknown = [k for k in keys if k not in self.keys]
+        if unknown:
+            takes = ", ".join(self.keys) or "no keys of its own"
+            raise TypeError(f"fault kind {self.name!r} takes {takes}, not {unknown[0]!r}")
+        return self.params(**keys)
+
+
+@dataclass
+class Setting:
+    """What the nemeses of one run act on, for the whole run."""
+
+    run_dir: Path
+    storage: Storage
+    cluster: Cluster | None = None
+    remote: RemoteTier | None = None
+
+
+@dataclass
+class Launch:
+    """The launch the nemeses act on now."""
+
+    number: int
+    job: Job
+    world_size: int
+    pids: dict[int, int]  # rank -> host pid, filled from probe events as they come (the runner's own dict)
+    roles: dict[str, int]  # other processes of the job: "uploader" -> pid
+
+
+class Nemesis:
+    """One family's actions on a run. ``fire`` acts while the rank whose event triggered it waits at
+    its probe point, and returns the answer for that rank (None: continue) and a record of what it
+    did, which goes into the history."""
+
+    def __init__(self, setting: Setting):
+        self.setting = setting
+        self.launch: Launch | None = None
+
+    @staticmethod
+    def missing(s: Scenario) -> str | None:
+        """Why this machine cannot inject the scenario's faults of this family (None: it can)."""
+        return None
+
+    def new_launch(self, launch: Launch) -> None:
+        self.launch = launch
+
+    def fire(self, fault: Fault, event: dict) -> tuple[dict | None, dict]:
+        record: dict = {}
+        answer = lookup(fault.kind).action(self, fault, event, record)
+        return answer, record
+
+    def lift(self) -> dict:
+        """A heal fault: undo now what this family injected and can be undone; what was undone."""
+        return {}
+
+    def heal(self) -> dict:
+        """The end of a launch: undo what must not outlive it; what was undone (possibly nothing)."""
+        return {}
