@@ -42,7 +42,7 @@ def test_a_valid_file_loads_and_round_trips_through_toml(tmp_path):
 
 @pytest.mark.parametrize("edit,key,hint", [
     (("world_size = 2", "world_size = 2\ncolour = 1"), "colour", "unknown key"),
-    (('kind = "kill"', 'kind = "explode"'), "faults[0].kind", "allowed kinds: kill, term, stop, raise"),
+    (('kind = "kill"', 'kind = "explode"'), "faults[0].kind", "unknown fault kind 'explode'; allowed: kill, term, stop, raise"),
     (('target = "rank:1"', 'target = "rank:7"'), "faults[0].target", "rank 7 does not exist at world size 2"),
     (('target = "rank:1"', 'target = "minority"'), "faults[0].target", "'minority' is empty at world size 2"),
     (('target = "rank:1"', 'target = "somebody"'), "faults[0].target", "unknown target"),
