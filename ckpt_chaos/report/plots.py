@@ -206,147 +206,180 @@ def _timeline(run_dir: Path, history: list[Record]) -> bool:
     harness = [h for h in history if not isinstance(h, ProbeEvent)]
     if not probes and not harness:
         return False
-    files = _file_events(run_dir, history)
-    t0 = min(h.t for h in history)
-    span = max([h.t for h in history] + [f["t"] for f in files]) - t0
-    least = max(span, 1e-3) / 400  # a save of milliseconds in a run of seconds still shows
-    # The reference trainer says where a save ends (ckpt.latest, on rank 0; a save may go on while
-    # training does); a [command] trainer's save, as the probe layer sees it, ends at its last file
-    # point, and at the latest when training goes on. A save no point ends: at its last file point,
-    # or, where its launch failed, cut short where the launch ended.
-    explicit = any(h.point in SAVE_END for h in probes)
-    died = {(h.launch, h.rank): h.t for h in harness if isinstance(h, RankExited)}
-    exited = {h.launch: h.t for h in harness if isinstance(h, Exited)}
-    rcs = {h.launch: h.rc for h in harness if isinstance(h, Exited)}
-    started = {h.launch: h for h in harness if isinstance(h, LaunchStarted)}
-    lanes = sorted({(h.role, h.rank) for h in probes} | {f["lane"] for f in files},
-                   key=lambda x: (x[0] != "rank", x[0], x[1]))
-    lane_of = {lane: i + 1 for i, lane in enumerate(lanes)}  # lane 0: the harness
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 0.7 + 0.45 * (len(lanes) + 1)))
-    drawn: dict[str, int] = {}
+    timeline = _Timeline(plt, history, probes, harness, _file_events(run_dir, history))
+    for lane, y in timeline.lane_of.items():
+        timeline.draw_lane(lane, y)
+    timeline.draw_harness()
+    timeline.finish()
+    timeline.fig.savefig(run_dir / "timeline.svg")
+    plt.close(timeline.fig)
+    return True
 
-    def gid(kind: str, lane: tuple) -> str:
+
+class _Timeline:
+    """One timeline being drawn: a lane for the harness (0) and one for each rank or other role, what
+    the history says of each launch, and the SVG ids given so far (``gid``)."""
+
+    def __init__(self, plt, history: list[Record], probes: list[ProbeEvent], harness: list[Record],
+                 files: list[dict]):
+        self.probes, self.harness, self.files = probes, harness, files
+        self.t0 = min(h.t for h in history)
+        span = max([h.t for h in history] + [f["t"] for f in files]) - self.t0
+        self.least = max(span, 1e-3) / 400  # a save of milliseconds in a run of seconds still shows
+        # The reference trainer says where a save ends (ckpt.latest, on rank 0; a save may go on while
+        # training does); a [command] trainer's save, as the probe layer sees it, ends at its last file
+        # point, and at the latest when training goes on. A save no point ends: at its last file point,
+        # or, where its launch failed, cut short where the launch ended.
+        self.explicit = any(h.point in SAVE_END for h in probes)
+        self.died = {(h.launch, h.rank): h.t for h in harness if isinstance(h, RankExited)}
+        self.exited = {h.launch: h.t for h in harness if isinstance(h, Exited)}
+        self.rcs = {h.launch: h.rc for h in harness if isinstance(h, Exited)}
+        self.started = {h.launch: h for h in harness if isinstance(h, LaunchStarted)}
+        self.lanes = sorted({(h.role, h.rank) for h in probes} | {f["lane"] for f in files},
+                            key=lambda x: (x[0] != "rank", x[0], x[1]))
+        self.lane_of = {lane: i + 1 for i, lane in enumerate(self.lanes)}  # lane 0: the harness
+        self.fig, self.ax = plt.subplots(figsize=(9, 0.7 + 0.45 * (len(self.lanes) + 1)))
+        self.drawn: dict[str, int] = {}
+
+    def gid(self, kind: str, lane: tuple) -> str:
         key = f"{kind}-{lane[0] if lane[0] != 'rank' else 'rank'}{lane[1] if lane[0] == 'rank' else ''}"
-        drawn[key] = drawn.get(key, 0) + 1
-        return f"{key}-{drawn[key]}"
+        self.drawn[key] = self.drawn.get(key, 0) + 1
+        return f"{key}-{self.drawn[key]}"
 
-    def bar(kind: str, lane: tuple, start: float, end: float, y0: float, height: float, cut: bool = False,
+    def bar(self, kind: str, lane: tuple, start: float, end: float, y0: float, height: float, cut: bool = False,
             colour: str | None = None, torn: bool = False) -> None:
         # cut: the process ended first (pale); torn: a file left written but not closed (red edge)
-        ax.broken_barh([(start, max(end - start, least))], (y0, height), facecolor=colour or COLOURS[kind],
-                       alpha=0.5 if cut else 1.0, edgecolor=COLOURS["fault"] if torn else "none",
-                       linewidth=1 if torn else 0, gid=gid(kind + ("-cut" if cut else ""), lane),
-                       zorder=2.5 if kind in ("write", "file") else 1)  # a file's strip over its save
+        self.ax.broken_barh([(start, max(end - start, self.least))], (y0, height), facecolor=colour or COLOURS[kind],
+                            alpha=0.5 if cut else 1.0, edgecolor=COLOURS["fault"] if torn else "none",
+                            linewidth=1 if torn else 0, gid=self.gid(kind + ("-cut" if cut else ""), lane),
+                            zorder=2.5 if kind in ("write", "file") else 1)  # a file's strip over its save
 
-    for lane, y in lane_of.items():
-        events = sorted((h for h in probes if (h.role, h.rank) == lane), key=lambda h: h.t)
-        mine = [f for f in files if f["lane"] == lane]
+    def draw_lane(self, lane: tuple, y: int) -> None:
+        """A rank's (or role's) lane: each launch's process, its probe events and its logged files."""
+        t0, started = self.t0, self.started
+        events = sorted((h for h in self.probes if (h.role, h.rank) == lane), key=lambda h: h.t)
+        mine = [f for f in self.files if f["lane"] == lane]
         ran = {n for n, h in started.items() if lane[0] == "rank" and lane[1] < h.world_size}
         for launch in sorted({h.launch for h in events} | {f["launch"] for f in mine} | ran):
             seg = [h for h in events if h.launch == launch]
             logged = [f for f in mine if f["launch"] == launch]
             # where this launch ended for the lane: its rank's exit, the launch's, or its last event
-            end_t = (died.get((launch, lane[1])) if lane[0] == "rank" else None) or exited.get(launch) \
+            end_t = (self.died.get((launch, lane[1])) if lane[0] == "rank" else None) or self.exited.get(launch) \
                 or max([h.t for h in seg] + [f["t"] for f in logged], default=t0)
             end = end_t - t0
             if launch in ran:  # the rank's process, from its launch to its exit
-                ax.hlines(y, started[launch].t - t0, end, color=COLOURS["launch"], lw=0.8, alpha=0.6, zorder=0,
-                          gid=gid(f"life{launch}", lane))
-            step = save = save_last = upload = None
-            writing: dict[str, float] = {}
-            for h in seg:
-                x, p, path = h.t - t0, h.point, h.info.get("path") or h.info.get("file")  # file: a DCP shard's
-                if p == "step.begin":
-                    step = x
-                elif p == "step.end" and step is not None:
-                    bar("step", lane, step, x, y - 0.3, 0.6)
-                    step = None
-                elif p == "upload.begin":
-                    upload = x
-                elif p in ("upload.durable", "upload.failed") and upload is not None:
-                    bar("upload", lane, upload, x, y - 0.3, 0.6)
-                    upload = None
-                elif p.startswith("load."):
-                    ax.plot([x], [y], marker="D", ms=4, color=COLOURS["load"], gid=gid("load", lane))
-                if p == SAVE_START:
-                    if save is not None:  # the one before, on a rank that does not say where a save ends
-                        bar("save", lane, save, save_last, y - 0.4, 0.8)
-                    save = save_last = x
-                elif p in SAVE_END and save is not None:
-                    bar("save", lane, save, x, y - 0.4, 0.8)
-                    save = None
-                elif save is not None and p in SAVE_POINTS:
-                    save_last = x
-                elif save is not None and not explicit and p in ("step.begin", "step.end", "load.begin"):
-                    bar("save", lane, save, save_last, y - 0.4, 0.8)  # training went on: the save is over
-                    save = None
-                if p in WRITES and path is not None:
-                    writing.setdefault(path, x)
-                elif p in WRITES.values() and path in writing:
-                    bar("write", lane, writing.pop(path), x, y + 0.22, 0.16, colour=COLOURS["file"],
-                        torn=bool(h.info.get("failed") or h.info.get("short")))
-                elif p in FILE_MARKS:
-                    if p in ("file.rename", "faultfs.rename") and h.info.get("src") in writing:
-                        writing[path] = writing.pop(h.info["src"])
-                    ax.plot([x], [y + 0.3], marker=FILE_MARKS[p], ms=4, color=COLOURS["file"], ls="none",
-                            zorder=3, gid=gid("file-op", lane))
-            # what was still under way when the launch ended for this lane
-            for start, kind in ((step, "step"), (upload, "upload")):
-                if start is not None:
-                    bar(kind, lane, start, end, y - 0.3, 0.6, cut=True)
-            if save is not None:  # cut short where the launch failed; else over at its last file point
-                if writing or rcs.get(launch) != 0:
-                    bar("save", lane, save, end, y - 0.3, 0.6, cut=True)
-                else:
+                self.ax.hlines(y, started[launch].t - t0, end, color=COLOURS["launch"], lw=0.8, alpha=0.6, zorder=0,
+                               gid=self.gid(f"life{launch}", lane))
+            self._probe_events(lane, y, launch, seg, end)
+            self._logged_files(lane, y, logged, end)
+
+    def _probe_events(self, lane: tuple, y: int, launch: int, seg: list[ProbeEvent], end: float) -> None:
+        """One launch's steps, saves, uploads, loads and file points on a lane, and what of them was
+        still under way when the launch ended for it (at ``end``)."""
+        ax, t0, bar, gid = self.ax, self.t0, self.bar, self.gid
+        step = save = save_last = upload = None
+        writing: dict[str, float] = {}
+        for h in seg:
+            x, p, path = h.t - t0, h.point, h.info.get("path") or h.info.get("file")  # file: a DCP shard's
+            if p == "step.begin":
+                step = x
+            elif p == "step.end" and step is not None:
+                bar("step", lane, step, x, y - 0.3, 0.6)
+                step = None
+            elif p == "upload.begin":
+                upload = x
+            elif p in ("upload.durable", "upload.failed") and upload is not None:
+                bar("upload", lane, upload, x, y - 0.3, 0.6)
+                upload = None
+            elif p.startswith("load."):
+                ax.plot([x], [y], marker="D", ms=4, color=COLOURS["load"], gid=gid("load", lane))
+            if p == SAVE_START:
+                if save is not None:  # the one before, on a rank that does not say where a save ends
                     bar("save", lane, save, save_last, y - 0.4, 0.8)
-            for start in writing.values():
-                bar("write", lane, start, end, y + 0.22, 0.16, colour=COLOURS["file"], cut=True, torn=True)
-            # files.jsonl: each checkpoint file from its open to its close, dark green where written
-            opened: dict[tuple, list[tuple[float, dict]]] = {}
-            for f in logged:
-                x, key = f["t"] - t0, (f.get("pid"), f["path"])
-                if f["op"] in ("open", "close") and f.get("dir"):
-                    continue  # a folder listed (a resume looking for its checkpoint): no file's
-                if f["op"] == "open":
-                    opened.setdefault(key, []).append((x, f))
-                elif f["op"] == "close" and opened.get(key):
-                    start, first = opened[key].pop()
-                    wrote = f.get("wrote") or first.get("wrote")
-                    bar("file", lane, start, x, y - 0.42, 0.16, colour=COLOURS["file" if wrote else "load"])
-                elif f["op"] in ("create", "delete", "rename"):
-                    ax.plot([x], [y - 0.34], marker={"create": "+", "delete": "x", "rename": ">"}[f["op"]], ms=4,
-                            color=COLOURS["file"], ls="none", zorder=3, gid=gid("file-op", lane))
-            for key, starts in opened.items():
-                for start, first in starts:
-                    bar("file", lane, start, end, y - 0.42, 0.16, colour=COLOURS["file"], cut=True, torn=True)
-    faults = 0
-    for h in harness:
-        x = h.t - t0
-        if isinstance(h, FaultFired):
-            ax.axvline(x, color=fault_colour(h.fault), lw=1, gid=f"fault-{h.index}-{h.launch}")
-            # staggered, so that faults fired at the same moment stay readable
-            ax.annotate(f"{h.fault} {h.target}", (x, len(lanes) + 0.45 + 0.35 * (faults % 2)),
-                        fontsize=7, color=fault_colour(h.fault), va="bottom")
-            faults += 1
-        elif isinstance(h, (LaunchStarted, Exited)):
-            started = isinstance(h, LaunchStarted)
-            ax.plot([x], [0], marker="|" if started else "x", ms=10, color=COLOURS["launch"],
-                    gid=f"{'launch' if started else 'exit'}-{h.launch}")
-            label = f"launch {h.launch}" if started else f"exit {h.rc}"
-            ax.annotate(label, (x, 0.2 if started else -0.55), fontsize=7, color=COLOURS["launch"])
-        elif isinstance(h, RankExited):
-            ax.plot([x], [0], marker="v", ms=5, color=COLOURS["fault"])
-    ax.set_yticks(range(len(lanes) + 1), ["harness"] + [f"{r if role == 'rank' else role}" if role != "rank"
-                                                        else f"rank {r}" for role, r in lanes])
-    ax.set_ylim(-0.7, len(lanes) + 1.4)
-    key = ["blue: steps", "green: saves", "pale: cut short", "orange: uploads", "purple: loads",
-           "grey line: a rank's process", "dark green: checkpoint files written (above)",
-           *(["open (below, files.jsonl; purple: only read)"] if files else []), "red edge: left torn",
-           "faults in their kind's colour"]
-    ax.set_xlabel("\n".join(textwrap.wrap(f"seconds since the first launch  ({', '.join(key)})", 120)), fontsize=8)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(run_dir / "timeline.svg")
-    plt.close(fig)
-    return True
+                save = save_last = x
+            elif p in SAVE_END and save is not None:
+                bar("save", lane, save, x, y - 0.4, 0.8)
+                save = None
+            elif save is not None and p in SAVE_POINTS:
+                save_last = x
+            elif save is not None and not self.explicit and p in ("step.begin", "step.end", "load.begin"):
+                bar("save", lane, save, save_last, y - 0.4, 0.8)  # training went on: the save is over
+                save = None
+            if p in WRITES and path is not None:
+                writing.setdefault(path, x)
+            elif p in WRITES.values() and path in writing:
+                bar("write", lane, writing.pop(path), x, y + 0.22, 0.16, colour=COLOURS["file"],
+                    torn=bool(h.info.get("failed") or h.info.get("short")))
+            elif p in FILE_MARKS:
+                if p in ("file.rename", "faultfs.rename") and h.info.get("src") in writing:
+                    writing[path] = writing.pop(h.info["src"])
+                ax.plot([x], [y + 0.3], marker=FILE_MARKS[p], ms=4, color=COLOURS["file"], ls="none",
+                        zorder=3, gid=gid("file-op", lane))
+        # what was still under way when the launch ended for this lane
+        for start, kind in ((step, "step"), (upload, "upload")):
+            if start is not None:
+                bar(kind, lane, start, end, y - 0.3, 0.6, cut=True)
+        if save is not None:  # cut short where the launch failed; else over at its last file point
+            if writing or self.rcs.get(launch) != 0:
+                bar("save", lane, save, end, y - 0.3, 0.6, cut=True)
+            else:
+                bar("save", lane, save, save_last, y - 0.4, 0.8)
+        for start in writing.values():
+            bar("write", lane, start, end, y + 0.22, 0.16, colour=COLOURS["file"], cut=True, torn=True)
+
+    def _logged_files(self, lane: tuple, y: int, logged: list[dict], end: float) -> None:
+        """files.jsonl: each checkpoint file from its open to its close, dark green where written."""
+        ax, t0, bar, gid = self.ax, self.t0, self.bar, self.gid
+        opened: dict[tuple, list[tuple[float, dict]]] = {}
+        for f in logged:
+            x, key = f["t"] - t0, (f.get("pid"), f["path"])
+            if f["op"] in ("open", "close") and f.get("dir"):
+                continue  # a folder listed (a resume looking for its checkpoint): no file's
+            if f["op"] == "open":
+                opened.setdefault(key, []).append((x, f))
+            elif f["op"] == "close" and opened.get(key):
+                start, first = opened[key].pop()
+                wrote = f.get("wrote") or first.get("wrote")
+                bar("file", lane, start, x, y - 0.42, 0.16, colour=COLOURS["file" if wrote else "load"])
+            elif f["op"] in ("create", "delete", "rename"):
+                ax.plot([x], [y - 0.34], marker={"create": "+", "delete": "x", "rename": ">"}[f["op"]], ms=4,
+                        color=COLOURS["file"], ls="none", zorder=3, gid=gid("file-op", lane))
+        for key, starts in opened.items():
+            for start, first in starts:
+                bar("file", lane, start, end, y - 0.42, 0.16, colour=COLOURS["file"], cut=True, torn=True)
+
+    def draw_harness(self) -> None:
+        """Lane 0: the launches, their exits and the ranks' deaths; each fault, across every lane."""
+        ax, lanes = self.ax, self.lanes
+        faults = 0
+        for h in self.harness:
+            x = h.t - self.t0
+            if isinstance(h, FaultFired):
+                ax.axvline(x, color=fault_colour(h.fault), lw=1, gid=f"fault-{h.index}-{h.launch}")
+                # staggered, so that faults fired at the same moment stay readable
+                ax.annotate(f"{h.fault} {h.target}", (x, len(lanes) + 0.45 + 0.35 * (faults % 2)),
+                            fontsize=7, color=fault_colour(h.fault), va="bottom")
+                faults += 1
+            elif isinstance(h, (LaunchStarted, Exited)):
+                started = isinstance(h, LaunchStarted)
+                ax.plot([x], [0], marker="|" if started else "x", ms=10, color=COLOURS["launch"],
+                        gid=f"{'launch' if started else 'exit'}-{h.launch}")
+                label = f"launch {h.launch}" if started else f"exit {h.rc}"
+                ax.annotate(label, (x, 0.2 if started else -0.55), fontsize=7, color=COLOURS["launch"])
+            elif isinstance(h, RankExited):
+                ax.plot([x], [0], marker="v", ms=5, color=COLOURS["fault"])
+
+    def finish(self) -> None:
+        """The lanes' names, the limits and the key."""
+        ax, lanes = self.ax, self.lanes
+        ax.set_yticks(range(len(lanes) + 1), ["harness"] + [f"{r if role == 'rank' else role}" if role != "rank"
+                                                            else f"rank {r}" for role, r in lanes])
+        ax.set_ylim(-0.7, len(lanes) + 1.4)
+        key = ["blue: steps", "green: saves", "pale: cut short", "orange: uploads", "purple: loads",
+               "grey line: a rank's process", "dark green: checkpoint files written (above)",
+               *(["open (below, files.jsonl; purple: only read)"] if self.files else []), "red edge: left torn",
+               "faults in their kind's colour"]
+        ax.set_xlabel("\n".join(textwrap.wrap(f"seconds since the first launch  ({', '.join(key)})", 120)), fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        self.fig.tight_layout()
