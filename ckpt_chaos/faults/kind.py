@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ckpt_chaos.env.launcher import Job
     from ckpt_chaos.env.objectstore import RemoteTier
     from ckpt_chaos.env.storage import Storage
+    from ckpt_chaos.faults.search_rules import SearchRule
     from ckpt_chaos.scenario import Fault, Scenario
 
 # A grace period or warning at least this long is no race on a loaded machine: the catalogue's
@@ -62,6 +63,8 @@ class FaultKind:
     # machine the same run could end otherwise, so ``run -n`` runs its scenarios alone. A function
     # of the params where that depends on them (a grace period long enough is no race: ``AMPLE_S``).
     timed: bool | Callable[[Any], bool] = False
+    # how the fault-schedule search adds faults of this kind (faults/search_rules.py); None: it never does
+    search: SearchRule | None = None
 
     def is_timed(self, params: Any) -> bool:
         return self.timed(params) if callable(self.timed) else self.timed

@@ -16,6 +16,7 @@ import psutil
 from ckpt_chaos.env.launcher import kill_pending
 from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Nemesis, NoParams, Setting
 from ckpt_chaos.faults.registry import Invalid
+from ckpt_chaos.faults.search_rules import KILL, RAISE, STOP, TERM
 from ckpt_chaos.faults.targets import target_ranks
 
 if TYPE_CHECKING:
@@ -231,17 +232,17 @@ def _preemption_handled(run: Run, h: FaultFired, report: Report) -> None:
 KINDS = (
     FaultKind("kill", "process", "SIGKILL the target ranks (with node:N, the node's launcher too)",
               NoParams, ProcessNemesis, ProcessNemesis.kill, "#de2d26",
-              ends_launch=True, crashes=True, kills_target=True, uploader=True),
+              ends_launch=True, crashes=True, kills_target=True, uploader=True, search=KILL),
     FaultKind("term", "process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s",
               TermParams, ProcessNemesis, ProcessNemesis.term, "#fc9272", validate=_check_term,
               exit_check=_preemption_handled, ends_launch=True, notice=True,
-              timed=lambda p: p.grace_s < AMPLE_S),
+              timed=lambda p: p.grace_s < AMPLE_S, search=TERM),
     FaultKind("stop", "process", "SIGSTOP the target ranks: a hang that the job must detect by its collective "
               "timeout", NoParams, ProcessNemesis, ProcessNemesis.stop, "#67000d", ends_launch=True, crashes=True,
-              timed=True),
+              timed=True, search=STOP),
     FaultKind("raise", "process", "raise an exception inside the triggering rank at the probe point "
               "(error: oom|io|runtime)", RaiseParams, ProcessNemesis, ProcessNemesis.raise_, "#ef3b2c",
-              validate=_check_raise, ends_launch=True),
+              validate=_check_raise, ends_launch=True, search=RAISE),
     FaultKind("interrupt", "process", "SIGINT the target ranks: Ctrl-C on an interactive job, or scancel "
               "--signal=INT", NoParams, ProcessNemesis, ProcessNemesis.interrupt, "#fb6a4a", ends_launch=True),
 )

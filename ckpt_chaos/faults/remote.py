@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckpt_chaos.faults.kind import FaultKind, Nemesis, NoParams, Setting
 from ckpt_chaos.faults.registry import Invalid
+from ckpt_chaos.faults.search_rules import LOSE_DISK, TOXIC
 from ckpt_chaos.faults.process import kill_local_node
 from ckpt_chaos.faults.storage import corruption_detected
 
@@ -173,12 +174,12 @@ KINDS = (
               "(link = store), until a heal or the end of the launch", ToxicParams, RemoteNemesis,
               RemoteNemesis.toxic, "#c51b7d", validate=_check_toxic,
               needs=lambda p: frozenset({"store_proxy"}) if p.link == "store" else frozenset(), healable=True,
-              timed=True),
+              timed=True, search=TOXIC),
     FaultKind("corrupt_remote", "remote", "flip 8 bits in an object of a durable checkpoint on the remote tier "
               "(bit rot, a bad copy): a restore must validate what it downloads", CorruptRemoteParams,
               RemoteNemesis, RemoteNemesis.corrupt_remote, "#de77ae", validate=_on_remote_tier,
               effect_check=_remote_corruption_detected, damages=True),
     FaultKind("lose_disk", "remote", "SIGKILL the whole node and wipe its local checkpoint disk: the relaunch has "
               "only the remote tier to resume from", NoParams, RemoteNemesis, RemoteNemesis.lose_disk, "#762a83",
-              validate=_check_lose_disk, ends_launch=True, loses_disk=True),
+              validate=_check_lose_disk, ends_launch=True, loses_disk=True, search=LOSE_DISK),
 )

@@ -17,6 +17,7 @@ from ckpt_chaos.check.history import Healed
 from ckpt_chaos.env.storage import POWER_LOSS_MODES, missing
 from ckpt_chaos.faults.kind import FaultKind, Nemesis
 from ckpt_chaos.faults.registry import Invalid
+from ckpt_chaos.faults.search_rules import CORRUPT, DISK_FULL, ERRNO, POWER_LOSS, SLOW
 from ckpt_chaos.faults.targets import target_ranks
 
 if TYPE_CHECKING:
@@ -427,26 +428,26 @@ KINDS = (
               "until the next launch, or for good with keep_full)", DiskFullParams, StorageNemesis,
               StorageNemesis.disk_full, "#8c510a", validate=_check_disk_full,
               needs=lambda p: frozenset({"sized_fs"}), effect_check=_disk_full_effect,
-              fails_saves=True, fills_disk=True),
+              fails_saves=True, fills_disk=True, search=DISK_FULL),
     FaultKind("errno", "storage", "fail chosen calls with an errno: the nth_call matching call (count times) or "
               "each with a seeded probability; via faultfs (any call, path globs) or libfiu (the next call)",
               ErrnoParams, StorageNemesis, StorageNemesis.errno, "#bf812d", validate=_check_errno,
               needs=lambda p: frozenset({p.via}), effect_check=_errno_effect,
               describe=lambda f, h: f"errno ({f.params.errno} on {f.params.call} of {f.params.path})",
-              fails_saves=True),
+              fails_saves=True, search=ERRNO),
     FaultKind("slow", "storage", "add latency_ms to each matching call and/or cap the write bandwidth "
               "(bandwidth_mb_s)", SlowParams, StorageNemesis, StorageNemesis.slow, "#dfc27d",
-              validate=_check_slow, needs=lambda p: frozenset({"faultfs"}), timed=True),
+              validate=_check_slow, needs=lambda p: frozenset({"faultfs"}), timed=True, search=SLOW),
     FaultKind("power_loss", "storage", "SIGKILL the whole node, then lose every write not yet made durable by "
               "fsync, and undo every create and rename not yet made durable (mode undo) or keep them "
               "(entries-kept)", PowerLossParams, StorageNemesis, StorageNemesis.power_loss, "#543005",
               validate=_check_power_loss, needs=lambda p: frozenset({"faultfs", "lazy"}),
               describe=lambda f, h: "power_loss" if f.params.mode == "undo" else f"power_loss ({f.params.mode})",
-              ends_launch=True, crashes=True, loses_unsynced=True),
+              ends_launch=True, crashes=True, loses_unsynced=True, search=POWER_LOSS),
     FaultKind("corrupt", "storage", "truncate, flip bits in, append to or delete files of a committed checkpoint "
               "(newest, oldest or by name), or edit its manifest", CorruptParams, StorageNemesis,
               StorageNemesis.corrupt, "#b2182b",
               validate=_check_corrupt, effect_check=corruption_detected,
               describe=lambda f, h: f"corrupt ({f.params.corruption} {'; '.join(h.detail.get('files', []))})",
-              damages=True),
+              damages=True, search=CORRUPT),
 )
