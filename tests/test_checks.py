@@ -139,13 +139,14 @@ def test_dcp_metadata_is_read_without_torch_as_dcp_reads_it(tmp_path):
 
 def _timings_verdict(tmp_path, events: list[dict]) -> tuple[str, str]:
     """reported_timings of a run that started at t=990 and reported ``events``."""
-    from ckpt_chaos.check.checks import Report, Run, _reported_timings
+    from ckpt_chaos.check.timings import reported_timings
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.check.history import LaunchStarted
 
     run = Run(None, tmp_path, tmp_path, [LaunchStarted(t=990.0, launch=0, world_size=2, pid=1, mode="harness")],
               events)
     report = Report()
-    _reported_timings(run, report)
+    reported_timings(run, report)
     (c,) = report.checks
     return c.verdict, c.detail
 
@@ -176,7 +177,8 @@ def test_reported_timings_fail_a_stop_whose_save_outlasted_the_time_since_its_si
 
 
 def test_reported_timings_fail_a_save_without_a_phase_every_golden_save_of_its_kind_reported(tmp_path):
-    from ckpt_chaos.check.checks import Report, Run, _reported_timings
+    from ckpt_chaos.check.timings import reported_timings
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.scenario import Recovery, Scenario
 
     golden = tmp_path / "golden"
@@ -196,7 +198,7 @@ def test_reported_timings_fail_a_save_without_a_phase_every_golden_save_of_its_k
                    "attempt": attempt}]
         run = Run(s, tmp_path, golden, [LaunchStarted(t=990.0, launch=0, world_size=2, pid=1, mode="harness")], events)
         report = Report()
-        _reported_timings(run, report)
+        reported_timings(run, report)
         (c,) = report.checks
         return c.verdict, c.detail
 

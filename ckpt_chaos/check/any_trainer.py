@@ -32,9 +32,9 @@ STATE = {"pre_model_digest": "model", "pre_optimizer_digest": "optimizer", "pre_
 
 
 def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] | None = None) -> Report:
-    run = Run.load(s, run_dir, golden)
+    run = Run.load(s, run_dir, golden, harness_errors)
     report = Report(launches=len(run.launches()))
-    _harness_health(run, report, harness_errors or [])
+    _harness_health(run, report)
     _faults_fired(run, report)
     ev = Evidence(run)
     _unfired_loads(run, ev, report)
@@ -81,7 +81,7 @@ def _fault_effects(run: Run, report: Report) -> None:
     for h in run.faults():
         fault = run.s.faults[h.index]
         ex = run.exit_of(h.launch)
-        if fault.kind == "term":
+        if fault.spec.sigterm_grace:
             late = bool(ex and ex.grace_expired)
             report.add("sigterm_honoured", not late, fault=h.index, detail=
                        "the launch ended within the preemption's grace period" if not late else

@@ -17,9 +17,11 @@ import math
 import re
 from pathlib import Path
 
-from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, LaunchStarted, RankExited,
-                                     final_state, launch_logs, trajectory, trajectory_records, trainer_events)
-from ckpt_chaos.check.verdict import VERDICTS, Check, Report, Run
+from ckpt_chaos.check.expected import harness_relaunch, relaunched, resumed
+from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, final_state, launch_logs,
+                                     trajectory, trainer_events)
+from ckpt_chaos.check.timings import detection_timings, reported_timings
+from ckpt_chaos.check.verdict import CheckSpec, Report, Run, first_few
 from ckpt_chaos.faults.kind import FaultKind
 from ckpt_chaos.probe.layout import TMP_PREFIX, parse_name
 from ckpt_chaos.scenario import Scenario
@@ -31,32 +33,16 @@ WORLD_CHANGE_EXEMPT = ("rng",)
 
 
 def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] | None = None) -> Report:
-    run = Run.load(s, run_dir, golden)
+    run = Run.load(s, run_dir, golden, harness_errors)
     report = Report(launches=len(run.launches()))
-    _harness_health(run, report, harness_errors or [])
-    _faults_fired(run, report)
-    _faults_landed(run, report)
-    _completion(run, report)
-    _fault_effects(run, report)
-    _kind_effects(run, report)
-    _trajectory(run, report)
-    _loaded_equals_saved(run, report)
-    _resume_choice(run, report)
-    _config_changes(run, report)
-    _cadence(run, report)
-    _crash_states(run, report)
-    _committed_valid(run, report)
-    _remote_tier(run, report)
-    _lost_work(run, report)
-    _final_directory(run, report)
-    _timings(run, report)
-    _reported_timings(run, report)
+    for make in dict.fromkeys(c.run for c in CHECKS):  # in the order declared, each once
+        make(run, report)
     return report
 
 
 # ---- the checks ---------------------------------------------------------------------------------
 
-def _harness_health(run: Run, report: Report, errors: list[str]) -> None:
+def _harness_health(run: Run, report: Report) -> None:
     deadlines = run.records(DeadlineHit)
     if deadlines:
         d = deadlines[0]
@@ -64,7 +50,7 @@ def _harness_health(run: Run, report: Report, errors: list[str]) -> None:
                    f"{d.deadline_s:.0f}s; the harness killed it (the job hung instead of failing)")
     else:
         report.add("no_hang", True, "every launch ended before the deadline")
-    errors = errors + [h.error for h in run.records(HarnessError)]
+    errors = run.harness_errors + [h.error for h in run.records(HarnessError)]
     report.add("harness_ok", not errors, "; ".join(dict.fromkeys(errors)) or "no harness errors")
 
 
@@ -100,6 +86,8 @@ def _last_error(logs: dict[int, str], launch: int) -> str | None:
 # How far below its trigger's fraction a shard may be on disk: the trainer estimates its file's size
 # before writing it, and the last write may still sit in the stream's buffer.
 LANDED_SLACK = 0.05
+# The points whose events say how much of a file's write is done (``info.fraction``).
+LANDED_POINTS = ("ckpt.shard.write", "upload.write")
 
 
 def _faults_landed(run: Run, report: Report) -> None:
@@ -111,7 +99,7 @@ def _faults_landed(run: Run, report: Report) -> None:
     for h in run.faults():
         fraction = run.s.faults[h.index].when.min_fraction
         point, info = h.at.get("point"), h.at.get("info", {})
-        if fraction is None or point not in ("ckpt.shard.write", "upload.write"):
+        if fraction is None or point not in LANDED_POINTS:
             continue
         name = info.get("file")
         if point == "upload.write":
@@ -178,6 +166,17 @@ def _completion(run: Run, report: Report) -> None:
 
 
 def _fault_effects(run: Run, report: Report) -> None:
+    """How each faulted launch ended, then what the trainer must show of each fault, as its kind
+    says (ckpt_chaos/faults/): a storage fault that made calls fail was reported, a corrupted
+    checkpoint was rejected before a load."""
+    _fault_exits(run, report)
+    for h in run.faults():
+        spec = run.s.faults[h.index].spec
+        if spec.effect_check is not None:
+            spec.effect_check(run, h, report)
+
+
+def _fault_exits(run: Run, report: Report) -> None:
     """The faulted launch failed (a fault that ends it), or ended as its kind says it must (a
     preemption: stopped cleanly with an emergency save)."""
     for h in run.faults():
@@ -199,15 +198,6 @@ def _fault_effects(run: Run, report: Report) -> None:
         report.add("job_failed", failed == expect_fail, fault=h.index,
                    detail=f"launch {launch} exited with status {ex.rc}"
                    + ("" if failed == expect_fail else f" (expected {'failure' if expect_fail else 'success'})"))
-
-
-def _kind_effects(run: Run, report: Report) -> None:
-    """What the trainer must show of each fault, as its kind says (ckpt_chaos/faults/): a storage
-    fault that made calls fail was reported, a corrupted checkpoint was rejected before a load."""
-    for h in run.faults():
-        spec = run.s.faults[h.index].spec
-        if spec.effect_check is not None:
-            spec.effect_check(run, h, report)
 
 
 def _diagnose(run: Run, step: int, fields_: list[str]) -> str:
@@ -382,17 +372,6 @@ def _resume_choice(run: Run, report: Report) -> None:
 CADENCE_SLACK_S = 0.05  # the trainer times its cadence with monotonic(), events carry time.time()
 
 
-def _first_few(problems: list[str], n: int = 3) -> str:
-    """A failed check's detail: its first ``n`` problems, and how many more there are."""
-    return "; ".join(problems[:n]) + (f" (and {len(problems) - n} more)" if len(problems) > n else "")
-
-
-def _launch_config(run: Run, launch: int) -> dict:
-    """The trainer keys a launch ran with: the scenario's, then its relaunch's ``recovery.changes``."""
-    changes = run.s.recovery.changes
-    return {**run.s.trainer, **(changes[launch - 1] if 0 < launch <= len(changes) else {})}
-
-
 def _cadence(run: Run, report: Report) -> None:
     """The trainer saves on its cadence no more often than configured: each cadence save at a multiple
     of ckpt_every_steps or, with ckpt_every_seconds, at least that long after the loop got back from
@@ -400,7 +379,7 @@ def _cadence(run: Run, report: Report) -> None:
     nothing. Launches whose scenario leaves ckpt_every_steps to the trainer's default are skipped."""
     problems, saves = [], 0
     for launch in run.launches():
-        cfg = _launch_config(run, launch)
+        cfg = run.config(launch)
         if cfg.get("ckpt_every_steps") is None:
             continue
         every_steps, every_s = int(cfg["ckpt_every_steps"]), float(cfg.get("ckpt_every_seconds") or 0)
@@ -424,7 +403,7 @@ def _cadence(run: Run, report: Report) -> None:
     if saves:
         report.add("cadence", not problems,
                    f"{saves} cadence save(s), none more often than configured" if not problems else
-                   _first_few(problems))
+                   first_few(problems))
 
 
 def _config_changes(run: Run, report: Report) -> None:
@@ -635,7 +614,7 @@ def _upload_backoff(run: Run, report: Report) -> None:
     problems = []
     for e in retries:
         launch, k = e.get("attempt", 0), e["upload_attempt"]
-        backoff = float(_launch_config(run, launch).get("upload_backoff_s", run.s.remote.backoff_s))
+        backoff = float(run.config(launch).get("upload_backoff_s", run.s.remote.backoff_s))
         want = backoff * 2 ** (k - 1)
         if not math.isclose(e["retry_in_s"], want, rel_tol=1e-6, abs_tol=1e-9):
             problems.append(f"{e['name']} (launch {launch}): after attempt {k} the uploader waits "
@@ -648,7 +627,7 @@ def _upload_backoff(run: Run, report: Report) -> None:
                             f"its next event ({nxt['event']}) came {nxt['t'] - e['t']:.3f}s later")
     report.add("upload_backoff", not problems,
                f"{len(retries)} retried upload attempt(s), each after the configured backoff" if not problems else
-               _first_few(problems))
+               first_few(problems))
 
 
 def _remote_retention(run: Run, report: Report, remote: dict) -> None:
@@ -752,111 +731,67 @@ def _retention_kept(run: Run, report: Report, snap: dict, milestone, keep_best: 
                                                               if n not in out_of_reach))
 
 
-def _timings(run: Run, report: Report) -> None:
-    faults = run.faults()
-    if not faults:
-        return
-    f0 = faults[0]
-    launch = f0.launch
-    ex = run.exit_of(launch)
-    limit = run.s.expect.detect_within_s
-    if ex is not None and ex.rc == 0 and run.s.recovery.relaunch != "torchrun":
-        if limit is not None:
-            report.add("detected_in_time", "n/a", f"launch {launch} rode the fault out: nothing to detect")
-        return
-    victims = {pid for h in faults if _spec(run, h).kills_target for pid in h.pids}
-    # Detection: the first rank that the nemesis did not kill exits (it noticed), or the launch ends.
-    noticed = [h for h in run.records(RankExited, launch) if h.pid not in victims and h.t >= f0.t]
-    if noticed:
-        report.time_to_detect_s = noticed[0].t - f0.t
-    elif ex is not None and run.s.recovery.relaunch != "torchrun":
-        report.time_to_detect_s = ex.t - f0.t
-    else:
-        starts = [h for h in run.probes("train.start") if h.launch > launch]
-        if starts:
-            report.time_to_detect_s = starts[0].t - f0.t
-    target = run.last_step(launch)
-    back = [h for h in run.probes("step.end") if h.launch > launch and h.info.get("step", 0) >= target]
-    if back:
-        report.time_to_recover_s = back[0].t - f0.t
-    if limit is not None and report.time_to_detect_s is None:
-        report.add("detected_in_time", "unknown", f"no rank exit, end of launch {launch} or later start was "
-                   "recorded after the fault, so the time to detect it cannot be measured")
-    elif limit is not None:
-        report.add("detected_in_time", report.time_to_detect_s <= limit,
-                   f"the faulted launch ended {report.time_to_detect_s:.1f}s after the fault (limit {limit:.0f}s)")
+# ---- the checks, declared ---------------------------------------------------------------------------
+
+def _always(s: Scenario) -> bool:
+    return True
 
 
-# The durations a trainer reports (events.jsonl, trajectory.jsonl), by event: the report's save
-# overhead, stall and goodput figures are made of them.
-MEASURED = {"saved": ("stall_s", "total_s"), "save_started": ("stall_s",), "loaded": ("choose_s", "load_s"),
-            "stopped": ("save_s", "since_signal_s"), "upload_queued": ("stall_s",), "uploaded": ("seconds",),
-            "restored_from_remote": ("seconds",)}
-CLOCK_SLACK_S = 1.0  # the harness's and the trainer's clocks are read by different processes
-PHASE_SLACK_S = 1e-3  # a phase and its save's total are read from the clock one after the other
+def _remote(s: Scenario) -> bool:
+    return s.remote is not None
 
 
-def _missing_phases(run: Run) -> list[str]:
-    """Saves that left out a phase every save of the same kind (asynchronous or not) reported in the
-    golden run: a phase that only some saves report (a wait that happens only sometimes) is not
-    required. Launches whose ``recovery.changes`` changed the configuration may save differently."""
-    required: dict[bool, set[str]] = {}
-    for e in trainer_events(run.golden, "saved"):
-        kind = bool(e.get("asynchronous"))
-        phases = set(e.get("phases") or ())
-        required[kind] = required[kind] & phases if kind in required else phases
-    if not any(required.values()):
-        return []
-    missing = []
-    for e in run.trainer("saved"):
-        if _launch_config(run, e.get("attempt", 0)) != run.s.trainer:
-            continue
-        kind = bool(e.get("asynchronous"))
-        gone = sorted(required.get(kind, set()) - set(e.get("phases") or ()))
-        if gone:
-            missing.append(f"saved {e.get('name')}: no {', '.join(gone)} among its phases, which every "
-                           f"{'asynchronous' if kind else 'synchronous'} save of the golden run reported")
-    return missing
+def _lost_work_limit(s: Scenario) -> bool:
+    return (s.expect.max_lost_steps is not None or bool(s.trainer.get("ckpt_every_steps"))
+            or any(f.spec.notice for f in s.faults))
 
 
-def _reported_timings(run: Run, report: Report) -> None:
-    """Each duration the trainer reports is a measurement: a finite number of seconds, no longer than
-    the run had lasted when it was reported, a save's stall and phases within its total, and a stop's
-    save within the time since its signal; and each save reports the phases that every save of its
-    kind reported in the golden run."""
-    starts = [h.t for h in run.records(LaunchStarted)]
-    begun = min(starts, default=None)
-    durations = []  # (what, field, value, when reported)
-    for e in run.events:
-        what = f"{e['event']} {e.get('name', '')}".strip()
-        durations += [(what, k, e[k], e.get("t")) for k in MEASURED.get(e["event"], ()) if k in e]
-        if e["event"] == "saved":
-            durations += [(what, f"phases.{k}", v, e.get("t")) for k, v in (e.get("phases") or {}).items()]
-    durations += [(f"step {r.get('step')}", "step_time_s", r["step_time_s"], r.get("t"))
-                  for r in trajectory_records(run.dir) if "step_time_s" in r]
-    if not durations or begun is None:
-        report.add("reported_timings", "n/a", "the trainer reports no durations")
-        return
-    bad = []
-    for what, key, v, t in durations:
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            bad.append(f"{what}: {key} = {v!r} is not a duration")
-        elif isinstance(t, (int, float)) and v > t - begun + CLOCK_SLACK_S:
-            bad.append(f"{what}: {key} = {v:.4g}s, but the run had lasted {t - begun:.1f}s when it said so")
-    for e in run.trainer("saved"):
-        total = e.get("total_s")
-        parts = [("stall_s", e.get("stall_s"))] + [(f"phases.{k}", v) for k, v in (e.get("phases") or {}).items()]
-        over = [f"{k} = {v:.4g}s" for k, v in parts if isinstance(total, (int, float)) and isinstance(v, (int, float))
-                and v > total + PHASE_SLACK_S]
-        if over:
-            bad.append(f"saved {e.get('name')}: {', '.join(over)}, longer than the save's total_s = {total:.4g}s")
-    for e in run.trainer("stopped"):
-        # a stop begins at the signal or after it, so its save fits in the time since the signal
-        save, since = e.get("save_s"), e.get("since_signal_s")
-        if isinstance(save, (int, float)) and isinstance(since, (int, float)) and save > since + PHASE_SLACK_S:
-            bad.append(f"stopped at step {e.get('step')}: save_s = {save:.4g}s, longer than since_signal_s = "
-                       f"{since:.4g}s, though the stop began after the signal")
-    bad += _missing_phases(run)
-    report.add("reported_timings", not bad, _first_few(bad)
-               if bad else f"{len(durations)} durations the trainer reported are measurements: none negative, none "
-               "longer than the run or than the save they are part of; every save reports its kind's phases")
+# Every check the checker makes, in the order it makes them, with the rule of which scenarios get a
+# verdict from it (the checks of a fault kind are its own: ``FaultKind.coverage``). Every run gets
+# the harness's, the job's end, the trajectory and the checkpoints left at the end (the reference
+# trainer commits checkpoints in every catalogue scenario).
+CHECKS: tuple[CheckSpec, ...] = (
+    CheckSpec("no_hang", _always, _harness_health),
+    CheckSpec("harness_ok", _always, _harness_health),
+    CheckSpec("fault_fired", lambda s: bool(s.faults), _faults_fired),
+    CheckSpec("fault_landed", lambda s: any(f.when.min_fraction is not None and f.when.point in LANDED_POINTS
+                                            for f in s.faults), _faults_landed),
+    CheckSpec("job_completed", _always, _completion),
+    # the faulted launch fails as the kind says (kinds with an exit check of their own answer instead)
+    CheckSpec("fault_job_failed", lambda s: any(f.spec.exit_check is None and (s.expect.job_fails is not None
+                                                                               or f.ends_launch) for f in s.faults),
+              _fault_effects),
+    CheckSpec("trajectory", _always, _trajectory),
+    CheckSpec("final_state", lambda s: s.expect.trajectory == "bit-exact", _trajectory),
+    CheckSpec("loaded_equals_saved", resumed, _loaded_equals_saved),
+    CheckSpec("resume_from", resumed, _resume_choice),
+    CheckSpec("resumed_newest_valid", harness_relaunch, _resume_choice),
+    CheckSpec("never_loaded_torn", lambda s: harness_relaunch(s) and s.expect.resume_from is not None,
+              _resume_choice),
+    CheckSpec("config_accepted", lambda s: relaunched(s) and any(not any(k in s.expect.refused for k in c)
+                                                                 for c in s.recovery.changes if c), _config_changes),
+    CheckSpec("config_refused", lambda s: relaunched(s) and any(k in s.expect.refused for c in s.recovery.changes
+                                                                for k in c), _config_changes),
+    CheckSpec("cadence", lambda s: s.trainer.get("ckpt_every_steps") is not None, _cadence),
+    # n/a where a fault damaged the checkpoint `latest` names; none where the disk is gone with it
+    CheckSpec("latest_valid", lambda s: resumed(s) and not any(f.spec.damages or f.spec.loses_disk
+                                                               for f in s.faults), _crash_states),
+    CheckSpec("committed_survives", resumed, _crash_states),
+    CheckSpec("committed_valid", _always, _committed_valid),
+    CheckSpec("remote_durable_complete", _remote, _remote_tier),
+    CheckSpec("restored_durable", lambda s: _remote(s) and relaunched(s) and any(f.spec.loses_disk
+                                                                                 for f in s.faults), _remote_tier),
+    CheckSpec("final_durable", _remote, _remote_tier),
+    CheckSpec("remote_retention", _remote, _remote_tier),
+    # an upload attempt fails when a fault cuts or stalls its link (other faults may fail one too)
+    CheckSpec("upload_backoff", lambda s: _remote(s) and any(f.spec.on_link for f in s.faults), _remote_tier),
+    CheckSpec("upload_stall", _remote, _remote_tier),
+    CheckSpec("lost_work", lambda s: relaunched(s) and _lost_work_limit(s), _lost_work),
+    CheckSpec("no_strays", _always, _final_directory),
+    CheckSpec("retention", _always, _final_directory),
+    CheckSpec("retention_kept", lambda s: bool(s.trainer.get("keep_every") or s.trainer.get("keep_best")),
+              _final_directory),
+    CheckSpec("detected_in_time", lambda s: s.expect.detect_within_s is not None and relaunched(s),
+              detection_timings),
+    CheckSpec("reported_timings", _always, reported_timings),  # every catalogue run trains a step and times it
+)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ckpt_chaos.check.history import (Exited, FaultFired, LaunchStarted, ProbeEvent, R, Record, of, read_history,
                                      trainer_events, trajectory_records)
@@ -77,10 +77,11 @@ class Run:
     golden: Path
     history: list[Record]
     events: list[dict]
+    harness_errors: list[str] = field(default_factory=list)  # the harness's own, besides its history's
 
     @classmethod
-    def load(cls, s: Scenario, run_dir: Path, golden: Path) -> "Run":
-        return cls(s, run_dir, golden, read_history(run_dir), trainer_events(run_dir))
+    def load(cls, s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] | None = None) -> "Run":
+        return cls(s, run_dir, golden, read_history(run_dir), trainer_events(run_dir), list(harness_errors or []))
 
     def records(self, cls: type[R], launch: int | None = None) -> list[R]:
         return of(self.history, cls, launch)
@@ -113,3 +114,25 @@ class Run:
 
     def exit_of(self, launch: int) -> Exited | None:
         return next(iter(self.records(Exited, launch)), None)
+
+    def config(self, launch: int) -> dict:
+        """The trainer keys a launch ran with: the scenario's, then its relaunch's ``recovery.changes``."""
+        changes = self.s.recovery.changes
+        return {**self.s.trainer, **(changes[launch - 1] if 0 < launch <= len(changes) else {})}
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check the checker declares: its name as ``Report.add`` names it (``fault_<name>`` for a
+    check about one fault), when a run of a scenario that goes as the scenario expects gets a real
+    verdict from it (not n/a; suite coverage goes by this), and the function that makes it, which
+    may make others of the checks too."""
+
+    name: str
+    applies: Callable[[Scenario], bool]
+    run: Callable[[Run, Report], None]
+
+
+def first_few(problems: list[str], n: int = 3) -> str:
+    """A failed check's detail: its first ``n`` problems, and how many more there are."""
+    return "; ".join(problems[:n]) + (f" (and {len(problems) - n} more)" if len(problems) > n else "")

@@ -4,7 +4,7 @@ family modules to define their kinds with. The registry of every kind is the pac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -59,10 +59,18 @@ class FaultKind:
     uploader: bool = False  # target = "uploader" acts on the remote tier's uploader process
     healable: bool = False  # a heal fault lifts it
     heals: bool = False  # it is a heal: every nemesis of the run lifts what it injected
+    sigterm_grace: bool = False  # the harness SIGTERMs its targets, then SIGKILLs what is left after grace_s
+    on_link: bool = False  # it acts on a link of the remote tier (params.link), failing or stalling what uses it
+    corrupts_local: bool = False  # it damages files of a local checkpoint (params corruption, file, checkpoint)
+    slurm_requeues: bool = False  # Slurm itself requeues the job it ended
+    preempts: bool = False  # Slurm preempts the job: it requeues itself within the grace, or Slurm does after
     # what its checks see depends on wall-clock time (a timeout, a grace period, a rate): on a loaded
     # machine the same run could end otherwise, so ``run -n`` runs its scenarios alone. A function
     # of the params where that depends on them (a grace period long enough is no race: ``AMPLE_S``).
     timed: bool | Callable[[Any], bool] = False
+    # check of its exit and effect checks (as Report.add names it: fault_<name>) -> whether its fault f in
+    # scenario s gets a verdict from it (not n/a) when the run goes as s expects; suite coverage goes by this
+    coverage: dict[str, Callable[[Scenario, Fault], bool]] = field(default_factory=dict, hash=False)
     # how the fault-schedule search adds faults of this kind (faults/search_rules.py); None: it never does
     search: SearchRule | None = None
 

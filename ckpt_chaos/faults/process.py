@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from ckpt_chaos.check.expected import faults_after
 from ckpt_chaos.env.launcher import kill_pending
 from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Nemesis, NoParams, Setting
 from ckpt_chaos.faults.registry import Invalid
@@ -235,7 +236,9 @@ KINDS = (
               ends_launch=True, crashes=True, kills_target=True, uploader=True, search=KILL),
     FaultKind("term", "process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s",
               TermParams, ProcessNemesis, ProcessNemesis.term, "#fc9272", validate=_check_term,
-              exit_check=_preemption_handled, ends_launch=True, notice=True,
+              exit_check=_preemption_handled, ends_launch=True, notice=True, sigterm_grace=True,
+              # n/a where a later fault interrupted the emergency save on purpose
+              coverage={"fault_preemption_handled": lambda s, f: not faults_after(s, f)},
               timed=lambda p: p.grace_s < AMPLE_S, search=TERM),
     FaultKind("stop", "process", "SIGSTOP the target ranks: a hang that the job must detect by its collective "
               "timeout", NoParams, ProcessNemesis, ProcessNemesis.stop, "#67000d", ends_launch=True, crashes=True,

@@ -9,6 +9,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ckpt_chaos.check.expected import relaunched
 from ckpt_chaos.faults.kind import FaultKind, Nemesis, NoParams, Setting
 from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.search_rules import LOSE_DISK, TOXIC
@@ -142,6 +143,11 @@ def _check_lose_disk(s: Scenario, f: Fault) -> None:
         raise Invalid("target", "the local backend has one node, and its disk goes with it", "use target = \"node:0\"")
 
 
+def _restore_meets_it(s: Scenario, f: Fault) -> bool:
+    """The relaunch has only the remote tier, whose newest durable checkpoint is the damaged one."""
+    return f.params.checkpoint == "newest" and relaunched(s) and any(g.spec.loses_disk for g in s.faults)
+
+
 def _remote_corruption_detected(run, h, report) -> None:
     corruption_detected(run, h, report, rejected_event="remote_rejected", where=" on the remote tier")
 
@@ -172,13 +178,14 @@ KINDS = (
     FaultKind("toxic", "remote", "add a Toxiproxy toxic (latency, bandwidth, timeout, reset_peer, slicer, "
               "limit_data, slow_close) to the upload link (link = remote) or the rendezvous-store link "
               "(link = store), until a heal or the end of the launch", ToxicParams, RemoteNemesis,
-              RemoteNemesis.toxic, "#c51b7d", validate=_check_toxic,
+              RemoteNemesis.toxic, "#c51b7d", validate=_check_toxic, on_link=True,
               needs=lambda p: frozenset({"store_proxy"}) if p.link == "store" else frozenset(), healable=True,
               timed=True, search=TOXIC),
     FaultKind("corrupt_remote", "remote", "flip 8 bits in an object of a durable checkpoint on the remote tier "
               "(bit rot, a bad copy): a restore must validate what it downloads", CorruptRemoteParams,
               RemoteNemesis, RemoteNemesis.corrupt_remote, "#de77ae", validate=_on_remote_tier,
-              effect_check=_remote_corruption_detected, damages=True),
+              effect_check=_remote_corruption_detected, damages=True,
+              coverage={"fault_detected": _restore_meets_it}),
     FaultKind("lose_disk", "remote", "SIGKILL the whole node and wipe its local checkpoint disk: the relaunch has "
               "only the remote tier to resume from", NoParams, RemoteNemesis, RemoteNemesis.lose_disk, "#762a83",
               validate=_check_lose_disk, ends_launch=True, loses_disk=True, search=LOSE_DISK),

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ckpt_chaos.check.expected import faults_after, relaunched
 from ckpt_chaos.env import slurm as slurm_env
 from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Nemesis, NoParams
 from ckpt_chaos.faults.registry import Invalid
@@ -264,23 +265,51 @@ def _requeue_check(run: Run, h: FaultFired, report: Report) -> None:
     _requeued(run, h, report)
 
 
+# ---- coverage: when a fault of a kind here gets a verdict from its checks -------------------------
+
+def _no_later_fault(s: Scenario, f: Fault) -> bool:
+    """n/a where a later fault interrupted the emergency save on purpose."""
+    return not faults_after(s, f)
+
+
+def _outlasts_grace(s: Scenario, f: Fault) -> bool:
+    """A preemption the scenario expects to outlast its grace (``expect.job_fails``)."""
+    return bool(s.expect.job_fails)
+
+
+def _requeue_follows(s: Scenario, f: Fault) -> bool:
+    """The next launch is the requeued job."""
+    return relaunched(s)
+
+
 KINDS = (
     FaultKind("preempt", "scheduler", "a job in a higher-priority partition preempts the job: SIGTERM to its tasks, "
               "grace_s (the partition's GraceTime), SIGKILL, and Slurm requeues it", PreemptParams, SlurmNemesis,
               SlurmNemesis.preempt, "#6a51a3", validate=_check_preempt, exit_check=_preempted, ends_launch=True,
+              preempts=True, coverage={
+                  "fault_preemption_handled": lambda s, f: _no_later_fault(s, f) and not s.expect.job_fails,
+                  "fault_grace_ran_out": _outlasts_grace, "fault_requeued": _requeue_follows},
               notice=True, timed=lambda p: p.grace_s < AMPLE_S),
     FaultKind("requeue", "scheduler", "scontrol requeue: Slurm ends the job's tasks (SIGTERM, KillWait, SIGKILL) and "
               "runs the job again", NoParams, SlurmNemesis, SlurmNemesis.requeue, "#807dba", validate=_on_slurm,
-              exit_check=_requeue_check, ends_launch=True, timed=True),
+              exit_check=_requeue_check, ends_launch=True, timed=True, slurm_requeues=True,
+              coverage={"fault_requeued": _requeue_follows}),
     FaultKind("signal", "scheduler", "scancel --signal to the job's tasks (signal: TERM | INT | USR1 | USR2)",
               SignalParams, SlurmNemesis, SlurmNemesis.signal_, "#9e9ac8", validate=_check_signal,
-              exit_check=_signalled, ends_launch=True),
+              exit_check=_signalled, ends_launch=True,
+              coverage={"fault_preemption_handled": _no_later_fault, "fault_grace_ran_out": _outlasts_grace,
+                        # scancel --signal of another signal than TERM (the job's notice) must end the launch
+                        "fault_job_failed": lambda s, f: f.params.signal != "TERM"}),
     FaultKind("time_limit", "scheduler", "the job's time limit is cut to minutes: Slurm warns it warn_s before "
               "(sbatch --signal=TERM@warn_s, to its tasks) and ends it at the limit", TimeLimitParams, SlurmNemesis,
               SlurmNemesis.time_limit, "#bcbddc", validate=_check_time_limit, exit_check=_stopped_in_grace,
+              coverage={"fault_preemption_handled": _no_later_fault, "fault_grace_ran_out": _outlasts_grace},
               ends_launch=True, notice=True, timed=lambda p: p.warn_s < AMPLE_S),
     FaultKind("node_down", "scheduler", "a node is lost (its slurmd, step daemons and tasks SIGKILLed) and set down: "
               "Slurm requeues the job onto the nodes that are left", NodeDownParams, SlurmNemesis,
               SlurmNemesis.node_down, "#3f007d", validate=_check_node_down, exit_check=_node_lost, ends_launch=True,
+              slurm_requeues=True, coverage={
+                  "fault_requeued": _requeue_follows,
+                  "fault_not_on_lost_node": lambda s, f: relaunched(s) and not f.params.back},
               crashes=True, kills_target=True),
 )

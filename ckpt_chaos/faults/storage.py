@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckpt_chaos.check.expected import faults_before
 from ckpt_chaos.check.history import Healed
 from ckpt_chaos.env.storage import POWER_LOSS_MODES, missing
 from ckpt_chaos.faults.kind import FaultKind, Nemesis
@@ -423,16 +424,41 @@ def corruption_detected(run: Run, h: FaultFired, report: Report, rejected_event:
                    f"{name} was corrupted{where} ({'; '.join(h.detail.get('files', []))}) but launch {launch} did "
                    f"not reject it" + (f"; it resumed from {point[0]}" if point and point[0] else ""))
 
+
+# ---- coverage: when a fault of a kind here gets a verdict from its checks -------------------------
+
+def _save_on_full_disk(s: Scenario, f: Fault) -> bool:
+    """n/a if no save began on the full disk; one is under way when it fills inside a save."""
+    return f.when.point.startswith("ckpt.")
+
+
+def _errno_injected(s: Scenario, f: Fault) -> bool:
+    """faultfs fails a call, unless a probability decides or an earlier fault made the save fail first."""
+    return (f.params.via == "faultfs" and f.params.probability is None
+            and not any(g.spec.fails_saves for g in faults_before(s, f)))
+
+
+def _errno_surfaced(s: Scenario, f: Fault) -> bool:
+    return f.params.via == "libfiu" or _errno_injected(s, f)
+
+
+def _newest_damaged(s: Scenario, f: Fault) -> bool:
+    """n/a where the relaunch resumed from a newer checkpoint than the one corrupted."""
+    return f.params.checkpoint == "newest"
+
+
 KINDS = (
     FaultKind("disk_full", "storage", "fill the checkpoint file system until headroom_kb is left (ballast kept "
               "until the next launch, or for good with keep_full)", DiskFullParams, StorageNemesis,
               StorageNemesis.disk_full, "#8c510a", validate=_check_disk_full,
               needs=lambda p: frozenset({"sized_fs"}), effect_check=_disk_full_effect,
+              coverage={"fault_surfaced": _save_on_full_disk},
               fails_saves=True, fills_disk=True, search=DISK_FULL),
     FaultKind("errno", "storage", "fail chosen calls with an errno: the nth_call matching call (count times) or "
               "each with a seeded probability; via faultfs (any call, path globs) or libfiu (the next call)",
               ErrnoParams, StorageNemesis, StorageNemesis.errno, "#bf812d", validate=_check_errno,
               needs=lambda p: frozenset({p.via}), effect_check=_errno_effect,
+              coverage={"fault_injected": _errno_injected, "fault_surfaced": _errno_surfaced},
               describe=lambda f, h: f"errno ({f.params.errno} on {f.params.call} of {f.params.path})",
               fails_saves=True, search=ERRNO),
     FaultKind("slow", "storage", "add latency_ms to each matching call and/or cap the write bandwidth "
@@ -448,6 +474,7 @@ KINDS = (
               "(newest, oldest or by name), or edit its manifest", CorruptParams, StorageNemesis,
               StorageNemesis.corrupt, "#b2182b",
               validate=_check_corrupt, effect_check=corruption_detected,
+              coverage={"fault_detected": _newest_damaged}, corrupts_local=True,
               describe=lambda f, h: f"corrupt ({f.params.corruption} {'; '.join(h.detail.get('files', []))})",
               damages=True, search=CORRUPT),
 )
