@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ckpt_chaos.check.history import FaultFired, trajectory_records
+from ckpt_chaos.faults.registry import lookup
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.verdict import Run
@@ -34,8 +35,8 @@ def power_loss_summary(run: Run, launch: int) -> str | None:
     ``entries-kept`` kept, with why it was not durable ("the rename of checkpoints/step_8.pt.tmp ->
     checkpoints/step_8.pt was undone (the folder was never fsynced)"). Paths are relative to the run
     directory. A power cut that found everything durable says so."""
-    cuts = [h for h in run.records(FaultFired, launch) if h.fault == "power_loss" and isinstance(h.detail.get("lost"),
-                                                                                                  dict)]
+    cuts = [h for h in run.records(FaultFired, launch)
+            if lookup(h.fault).loses_unsynced and isinstance(h.detail.get("lost"), dict)]
     if not cuts:
         return None
     h = cuts[-1]
