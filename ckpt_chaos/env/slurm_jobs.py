@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import psutil
 
 from ckpt_chaos.env.launcher import job_processes, poll_until
-
-if TYPE_CHECKING:
-    from ckpt_chaos.env.slurm import SlurmCluster
 
 
 # scontrol's JobState values after which Slurm does nothing more with a job (unless requeued)
@@ -23,11 +21,23 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPT
             "OUT_OF_MEMORY"}
 
 
+class Cluster(Protocol):
+    """What a job asks of the cluster it runs on: ``env/slurm.py``'s ``SlurmCluster``, which submits
+    the jobs, so sits above this module."""
+
+    config: Any  # its SlurmConfig: a job gives Slurm its kill_wait_s to end the tasks
+
+    def run(self, tool: str, *args: str, check: bool = True, timeout: float = 30,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess: ...
+
+    def job(self, job_id: int) -> dict[str, str]: ...
+
+
 @dataclass
 class SlurmJob:
     """A job on the cluster, with ``launcher.Job``'s interface; its relaunches are Slurm's requeues."""
 
-    cluster: SlurmCluster
+    cluster: Cluster
     job_id: int
     marker: str  # in every task's environment (JOB_MARKER): how its processes are found
     log_path: Path
