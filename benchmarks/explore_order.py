@@ -35,8 +35,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "explore_order.json"
 WINDOWS = {
     "latest_before_durable": lambda f: (f.kind in ("kill", "stop", "power_loss") and f.target != "rank:1"
                                         and f.when.point in ("ckpt.fsync", "ckpt.manifest")),
-    "save_swallows_enospc": lambda f: (f.kind == "errno" and (f.call in ("write", "fsync")
-                                                             or ".metadata" in (f.path or ""))),
+    "save_swallows_enospc": lambda f: (f.kind == "errno" and (f.params.call in ("write", "fsync")
+                                                             or ".metadata" in (f.params.path or ""))),
 }
 
 
