@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from ckpt_chaos.env import launcher
-from ckpt_chaos.env.agent import _entry_imports
+from ckpt_chaos.env.agent import _entry_imports, warm_imports
 
 LAUNCHERS = ("torchrun", "agent")
 
@@ -101,6 +101,16 @@ def test_the_agent_warms_what_the_trainers_entry_file_imports_even_inside_functi
     assert "reference_trainer.train" in names and "torch" in names and "torchdata.stateful_dataloader" in names
 
 
+def test_a_spare_imports_ahead_only_what_its_trainers_ranks_would_import():
+    """torch._dynamo, which FSDP2's fully_shard imports when called, is warmed for a trainer that
+    imports FSDP, and not for a plain DDP script: imported into its ranks, it made one launch in ten
+    deadlock in gloo's process group at exit, which the same script never does under torchrun."""
+    fsdp, ddp = warm_imports("reference_trainer"), warm_imports("examples/plain_ddp/train.py")
+    assert "torch.distributed.fsdp" in fsdp and "torch._dynamo" in fsdp
+    assert "torch.nn.parallel" in ddp and "torch._dynamo" not in ddp and "torch.distributed.fsdp" not in ddp
+    assert not [n for n in fsdp + ddp if n.endswith("__main__")]
+
+
 def test_launches_that_test_torchrun_itself_keep_torchrun(monkeypatch):
     monkeypatch.delenv(launcher.ENV_LAUNCHER, raising=False)
     assert launcher.chosen_launcher() == "agent"
@@ -159,3 +169,30 @@ def test_a_second_kill_of_a_launch_waits_for_the_first(tmp_path, monkeypatch):
     first.join(0.2)
     assert not first.is_alive(), "the second kill returned while the first still swept the spare's marker"
     assert not job.killing and not job.processes()
+
+
+@pytest.mark.parametrize("how", LAUNCHERS)
+def test_a_script_run_as_torchrun_runs_it_and_exits_as_an_interpreter_does(tmp_path, how, monkeypatch):
+    """A ``[command]`` trainer's script under torchrun or forked by the agent: run as ``__main__`` with
+    its folder first on the path, NumPy's unseeded stream drawing other numbers on each rank, and
+    its threads and ``atexit`` functions let finish before the rank exits."""
+    monkeypatch.setenv(launcher.ENV_LAUNCHER, how)
+    script = Path(__file__).parent / "launch_script.py"
+    runs = []
+    for attempt in (0, 1):
+        out = tmp_path / str(attempt)
+        out.mkdir()
+        job = launcher.launch_command(out, 2, [str(script), str(out)])
+        try:
+            assert job.wait(120) == 0, (out / "torchrun.log").read_text()[-3000:]
+        finally:
+            job.kill()
+        assert ("ckpt-chaos agent" in (out / "torchrun.log").read_text()) == (how == "agent")
+        seen = [json.loads((out / f"script{r}.json").read_text()) for r in (0, 1)]
+        for rank in seen:
+            assert rank["name"] == "__main__" and rank["argv"] == [str(script), str(out)]
+            assert rank["path0"] == str(script.parent)
+        assert all((out / f"{what}{r}").exists() for what in ("thread", "atexit") for r in (0, 1))
+        runs.append([rank["draw"] for rank in seen])
+    draws = [d for run in runs for d in run]
+    assert len(set(draws)) == len(draws), runs

@@ -8,8 +8,9 @@ agent does (``TORCHELASTIC_USE_AGENT_STORE``), and supervises the ranks the way 
 ``--max-restarts=0``:
 
 * every rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-  ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_*``) and runs ``python -m MODULE ARGS`` in a
-  session of its own;
+  ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_*``) and runs ``python -m MODULE ARGS`` (or a
+  script, ``python PATH ARGS``) in a session of its own, and exits as an interpreter does: threads
+  that are not daemons waited for, ``atexit`` functions run;
 * when a rank fails, the others get SIGTERM, then SIGKILL 30 s later (torchrun's
   ``PContext.close``), with torchrun's log line for it, which the harness reads to reap stopped
   ranks; the agent then exits 1;
@@ -25,6 +26,10 @@ that launch's agent, so no launch waits for torch to be imported again and no im
 the ranks for the CPU. Forking is only safe while the spare has a single thread; a spare whose
 imports started threads (a preloaded ``libfiu``) serves one launch itself and then exits, and its
 ranks start with ``exec``.
+
+A spare started with ``CKPT_CHAOS_AGENT_SPARE`` and the probe layer's ``sitecustomize`` on its path
+(a ``[command]`` trainer's launch) has the layer's patches in place before its imports; each rank
+reads its launch's controller and folders after the fork (``probe.auto.configure``).
 
 Protocol: the harness holds one end of a ``SOCK_SEQPACKET`` pair whose other end is the control fd.
 The spare writes ``{"ready": 1, "forkable": bool, "sources": {path: mtime}}`` on its status pipe
@@ -48,25 +53,36 @@ import sys
 import time
 import traceback
 
+from ckpt_chaos.env.lifetime import die_with_parent
+
 CLOSE_TIMEOUT_S = 30.0  # torchrun's PContext.close(timeout=30)
 POLL_S = 0.05
 
 
+def is_script(target: str) -> bool:
+    """A launch's target is a script's path (``python PATH``), not a module (``python -m MODULE``)."""
+    return target.endswith(".py")
+
+
 def _imports_of(module: str) -> list[str]:
-    """The modules that ``python -m MODULE`` imports by name in its file, at any depth of it (a
-    trainer often imports torch late, inside ``main``), found with ``ast`` without running the file."""
+    """The modules that ``python -m MODULE`` (or ``python MODULE`` where it is a script's path) imports
+    by name in its file, at any depth of it (a trainer often imports torch late, inside ``main``),
+    found with ``ast`` without running the file."""
     import ast
     import importlib.util
 
     try:
-        spec = importlib.util.find_spec(module)
-        if spec is not None and spec.submodule_search_locations:  # a package runs its __main__
-            spec = importlib.util.find_spec(f"{module}.__main__")
-        with open(spec.origin) as fh:
+        if is_script(module):
+            origin, package = module, ""
+        else:
+            spec = importlib.util.find_spec(module)
+            if spec is not None and spec.submodule_search_locations:  # a package runs its __main__
+                spec = importlib.util.find_spec(f"{module}.__main__")
+            origin, package = spec.origin, spec.name.rpartition(".")[0]
+        with open(origin) as fh:
             tree = ast.parse(fh.read())
     except (ImportError, AttributeError, TypeError, OSError, SyntaxError, ValueError):
         return []
-    package = spec.name.rpartition(".")[0]
     names = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -105,18 +121,35 @@ def _entry_imports(module: str, depth: int = 3) -> list[str]:
     return list(found)
 
 
+# Imported by a call, not at import: FSDP2's ``fully_shard`` imports torch._dynamo on its first call (a
+# second of a rank's time). Warmed only for a trainer that imports FSDP: importing torch._dynamo into a
+# plain DDP trainer's ranks changes how they end (gloo's process group then deadlocked at exit in one
+# launch in ten, never under torchrun).
+IMPORTED_BY_CALLS = {"torch.distributed.fsdp": ("torch._dynamo",)}
+
+
+def warm_imports(module: str) -> list[str]:
+    """What a spare imports ahead for ``module``: the trainer's package, the modules its entry file
+    imports, and what those import when called (``IMPORTED_BY_CALLS``); never a module the ranks would
+    not import themselves, since an import can change what a process does."""
+    names = [*([] if is_script(module) else [module.split(".")[0]]), *_entry_imports(module)]
+    later = [m for n in names for prefix, more in IMPORTED_BY_CALLS.items()
+             if n == prefix or n.startswith(prefix + ".") for m in more]
+    # A package's ``__main__`` is run as ``__main__`` by ``python -m PACKAGE``: a second copy imported
+    # under its own name ahead would be another module.
+    return [n for n in dict.fromkeys(names + later) if not n.endswith(".__main__")]
+
+
 def _warm(module: str) -> None:
-    """Import what the ranks will import: torch's distributed stack, the trainer's package, and the
-    modules its entry file imports, but not the entry file itself (its top level may start training)."""
+    """Import what the ranks will import (``warm_imports``), but not the entry file itself (its top
+    level may start training)."""
     import importlib
 
     import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401  (imported on the first call of fully_shard, FSDP2's init: a second)
-    import torch.distributed  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
-    import torch.distributed.fsdp  # noqa: F401
 
-    for name in [module.split(".")[0], *_entry_imports(module)]:
+    if is_script(module):  # ``python PATH`` puts the script's folder first on the path
+        sys.path[0] = os.path.dirname(os.path.abspath(module))
+    for name in warm_imports(module):
         try:
             importlib.import_module(name)
         except BaseException:  # the rank imports it again and reports the error where it belongs, in the log
@@ -137,8 +170,44 @@ def _status(fd: int, **what) -> None:
         pass
 
 
+def _as_fresh_process() -> None:
+    """What a fresh interpreter would have that a fork of the spare shares with its siblings: NumPy's
+    global random stream, seeded from the OS at its import (Python's own ``random`` is reseeded at
+    every fork by CPython). A trainer that never seeds it draws other numbers on each rank and launch,
+    as under torchrun. The hash seed cannot be changed after start: the ranks of a launch share it."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _armed_after_fork() -> None:
+    """The probe layer was installed in the spare, before its imports (``probe/site``, as at any
+    interpreter's start); it reads this launch's controller, folders and plan from the environment now."""
+    auto = sys.modules.get("ckpt_chaos.probe.auto")
+    if auto is not None:
+        auto.configure()
+
+
+def _finalize(code: int) -> int:
+    """An interpreter's exit, as ``python`` would make it: wait for the threads that are not daemons,
+    then run the ``atexit`` functions (a trainer's last upload, its logger's flush)."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()
+    except BaseException:
+        traceback.print_exc()
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+    return code
+
+
 def _run_rank(spec: dict, env: dict[str, str], listen: socket.socket, status_fd: int) -> None:
-    """In the forked child: become ``python -m MODULE ARGV`` for one rank. Never returns."""
+    """In the forked child: become ``python -m MODULE ARGV`` (or ``python PATH ARGV``) for one rank.
+    Never returns."""
     import runpy
 
     code = 1
@@ -153,8 +222,14 @@ def _run_rank(spec: dict, env: dict[str, str], listen: socket.socket, status_fd:
         os.close(devnull)
         os.environ.clear()
         os.environ.update(env)
-        sys.argv = [spec["module"], *spec["argv"]]
-        runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+        _as_fresh_process()
+        _armed_after_fork()
+        target = spec["module"]
+        sys.argv = [target, *spec["argv"]]
+        if is_script(target):
+            runpy.run_path(target, run_name="__main__")
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -164,6 +239,7 @@ def _run_rank(spec: dict, env: dict[str, str], listen: socket.socket, status_fd:
         traceback.print_exc()
     finally:
         try:
+            code = _finalize(code)
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
@@ -193,19 +269,9 @@ def _sources() -> dict[str, float]:
     return found
 
 
-def _load_prctl():
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:
-        return None
-
-
 def serve(module: str, status_fd: int, control_fd: int) -> int:
     """Warm up, then serve launches from the control socket until the harness closes it."""
     _warm(module)
-    prctl = _load_prctl()  # loaded before any fork: a forked agent neither imports nor dlopens
     forkable = _threads() == 1
     _status(status_fd, ready=1, forkable=forkable, sources=_sources())
     os.close(status_fd)
@@ -246,8 +312,7 @@ def serve(module: str, status_fd: int, control_fd: int) -> int:
                 for fd in children.values():
                     os.close(fd)
                 os.setsid()  # the agent, like torchrun, leads a session of its own
-                if prctl is not None:
-                    prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the spare's death ends the launch
+                die_with_parent()  # the spare's death ends the launch
                 code = _agent(spec, launch_fd, forkable=True)
             except BaseException:
                 traceback.print_exc()
@@ -286,6 +351,7 @@ def _agent(spec: dict, status_fd: int, forkable: bool) -> int:
         print(f"[ckpt-chaos agent] {_threads()} threads after the imports: starting the ranks with exec, "
               "not fork", flush=True)
     base = {**os.environ, **spec["env"]}
+    base.pop("CKPT_CHAOS_AGENT_SPARE", None)  # the ranks are the trainer's processes, not spares
     ranks: dict[int, int] = {}
     started: list[subprocess.Popen] = []
     for rank in range(nproc):
@@ -300,7 +366,8 @@ def _agent(spec: dict, status_fd: int, forkable: bool) -> int:
             if pid == 0:
                 _run_rank(spec, env, listen, status_fd)
         else:
-            popen = subprocess.Popen([sys.executable, "-m", spec["module"], *spec["argv"]], env=env,
+            target = spec["module"]
+            popen = subprocess.Popen([sys.executable, *([] if is_script(target) else ["-m"]), target, *spec["argv"]], env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
             started.append(popen)  # referenced, so that Popen's own reaping never takes a status from waitpid
             pid = popen.pid

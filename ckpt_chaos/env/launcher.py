@@ -39,9 +39,11 @@ from pathlib import Path
 
 import psutil
 
+from ckpt_chaos.env.lifetime import die_with_parent
 from ckpt_chaos.probe import ENV_CONTROLLER
 
 JOB_MARKER = "CKPT_CHAOS_JOB"
+AGENT_SPARE = "CKPT_CHAOS_AGENT_SPARE"  # set in a spare: probe/site arms the probe layer before its imports
 ENV_LAUNCHER = "CKPT_CHAOS_LAUNCHER"
 LAUNCHERS = ("agent", "torchrun")
 
@@ -217,28 +219,6 @@ class Job:
             pass
 
 
-def _load_prctl():
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:
-        return None
-
-
-# Loaded here, in the parent: a preexec_fn runs between fork and exec in a copy of a process that has
-# threads (the probe server, an import in the background), so it must neither import nor dlopen,
-# whose locks another thread may have held at the fork (a child hung in preexec_fn seen here).
-_PRCTL = _load_prctl()
-
-
-def _term_when_parent_dies() -> None:
-    """In the child: if the harness dies without cleaning up (SIGKILL, crash), torchrun gets SIGTERM
-    and takes its workers down with it (Linux PR_SET_PDEATHSIG)."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
 def chosen_launcher(max_restarts: int = 0, rendezvous: str | None = None, launcher: str | None = None) -> str:
     """``torchrun`` where the launch tests torchrun's own behaviour or the user asks for it, else ``agent``."""
     if max_restarts > 0 or rendezvous is not None:
@@ -286,17 +266,36 @@ def _start(cmd: list[str], run_dir: Path, env: dict[str, str], marker: str, log_
     log.write(f"$ {' '.join(cmd)}\n".encode())
     log.flush()
     popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True, preexec_fn=_term_when_parent_dies)
+                             start_new_session=True, preexec_fn=die_with_parent)
     log.close()
     return Job(popen, marker, run_dir / log_name)
+
+
+def _agent_target(argv: list[str]) -> tuple[str, list[str]] | None:
+    """What torchrun would run, where the launcher agent can run it too: ``-m MODULE ARGS`` or
+    ``SCRIPT.py ARGS`` (None for anything else, such as ``--no-python``)."""
+    if len(argv) >= 2 and argv[0] == "-m":
+        return argv[1], argv[2:]
+    if argv and argv[0].endswith(".py") and os.path.isfile(argv[0]):
+        return argv[0], argv[1:]
+    return None
 
 
 def launch_command(run_dir: Path, nproc: int, argv: list[str], *, launcher: str = "torchrun",
                    env: dict[str, str] | None = None, max_restarts: int = 0, log_name: str = "torchrun.log") -> Job:
     """Start a trainer of its own: ``torchrun`` with ``nproc`` ranks running ``argv`` (a script and its
     arguments, or ``-m MODULE ...``), or ``argv`` itself where the trainer starts its own ranks
-    (``launcher="self"``: Lightning, ``accelerate launch``). ``env`` comes on top of the harness's."""
+    (``launcher="self"``: Lightning, ``accelerate launch``). ``env`` comes on top of the harness's.
+
+    A torchrun launch that restarts nothing is served by the launcher agent (``chosen_launcher``):
+    its ranks get torchrun's environment and supervision, forked from a process that imported torch
+    and the script's imports with the probe layer already armed; ``CKPT_CHAOS_LAUNCHER=torchrun``
+    runs torchrun itself."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    target = _agent_target(argv) if launcher == "torchrun" else None
+    if target is not None and chosen_launcher(max_restarts) == "agent":
+        return _launch_agent(run_dir, nproc, target[1], target[0], dict(env or {}), log_name, "none",
+                             base="ckpt_chaos")
     marker = uuid.uuid4().hex
     full_env = {**_base_env("ckpt_chaos"), JOB_MARKER: marker, **(env or {})}
     if launcher == "torchrun":
@@ -527,8 +526,8 @@ class _Spares:
         errors = tempfile.TemporaryFile()
         popen = subprocess.Popen([sys.executable, "-m", "ckpt_chaos.env.agent", module, str(w), str(theirs.fileno())],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
-                                 env={**env, JOB_MARKER: marker}, pass_fds=(w, theirs.fileno()),
-                                 start_new_session=True, preexec_fn=_term_when_parent_dies)
+                                 env={**env, JOB_MARKER: marker, AGENT_SPARE: "1"}, pass_fds=(w, theirs.fileno()),
+                                 start_new_session=True, preexec_fn=die_with_parent)
         os.close(w)
         theirs.close()
         return _Spare(popen, marker, r, ours, errors)
@@ -597,7 +596,8 @@ def _spares_pool() -> _Spares:
 
 
 def _start_env(module: str, extra: dict[str, str]) -> dict[str, str]:
-    """The environment a spare for this launch starts with: the variables read at exec (``_late``)."""
+    """The environment a spare for this launch starts with: the variables read at exec (``_late``).
+    ``module``: the code whose import root goes on PYTHONPATH (``worker_pythonpath``)."""
     return {**_base_env(module), **{k: v for k, v in extra.items() if not _late(k)}}
 
 
@@ -608,8 +608,10 @@ def prewarm(module: str = "reference_trainer", env: dict[str, str] | None = None
 
 
 def _launch_agent(run_dir: Path, nproc: int, trainer_args: list[str], module: str, extra: dict[str, str],
-                  log_name: str, rdzv_id: str) -> AgentJob:
-    pool, start_env = _spares_pool(), _start_env(module, extra)
+                  log_name: str, rdzv_id: str, base: str | None = None) -> AgentJob:
+    """``module``: what each rank runs (a module, or a script's path); ``base``: whose import root the
+    workers' PYTHONPATH holds (default: the module's)."""
+    pool, start_env = _spares_pool(), _start_env(base or module, extra)
     spare = pool.take(module, start_env)
     # Wait for the spare's ready message before the launch: the spare may not answer a launch while
     # the harness leaves that message unread in the pipe.
@@ -622,8 +624,9 @@ def _launch_agent(run_dir: Path, nproc: int, trainer_args: list[str], module: st
     log_path = run_dir / log_name
     spec = {"nproc": nproc, "module": module, "argv": trainer_args, "log": str(log_path), "run_id": rdzv_id,
             "env": {k: v for k, v in extra.items() if _late(k)}}
+    how = module if module.endswith(".py") else f"-m {module}"
     with open(log_path, "ab") as log:
-        log.write(f"$ [ckpt-chaos agent of spare {spare.popen.pid}] python -m {module} {' '.join(trainer_args)} "
+        log.write(f"$ [ckpt-chaos agent of spare {spare.popen.pid}] python {how} {' '.join(trainer_args)} "
                   f"(x{nproc})\n".encode())
     r, w = os.pipe()
     try:

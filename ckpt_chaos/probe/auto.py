@@ -877,22 +877,14 @@ def record(**fields) -> None:
 
 # ---- installation --------------------------------------------------------------------------------------
 
-def install() -> None:
-    """Arm the layer in this process (idempotent). Does nothing without a controller address."""
-    if _s.installed or not os.environ.get(probe.ENV_CONTROLLER):
+def install(ahead: bool = False) -> None:
+    """Arm the layer in this process (idempotent). Does nothing without a controller address, unless
+    ``ahead``: a launcher's warm agent patches before its imports, as an interpreter's start would,
+    and each rank forked from it reads its launch's settings with ``configure``."""
+    if _s.installed or not (ahead or os.environ.get(probe.ENV_CONTROLLER)):
         return
     _s.installed = True
-    _s.pid = os.getpid()
-    _s.dirs = tuple(os.path.abspath(d) for d in os.environ.get(ENV_DIRS, "").split(os.pathsep) if d)
-    _s.run_dir = os.path.abspath(os.environ[ENV_RUN_DIR]) if os.environ.get(ENV_RUN_DIR) else ""
-    _s.digest_every = int(os.environ.get(ENV_DIGEST_EVERY, "0") or 0)
-    if ENV_STEP_POINTS in os.environ:
-        _s.step_points = frozenset(p for p in os.environ[ENV_STEP_POINTS].split(",") if p)
-    _s.attempt = int(os.environ.get(probe.ENV_ATTEMPT, "0")) + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    planned = os.environ.get(ENV_PLANNED)
-    if planned and os.path.isfile(planned):
-        with _orig["open"](planned) as f:
-            _s.follow = follow.Follower(json.load(f))
+    configure()
     _patch_files()
     for name, then in _AFTER_IMPORT.items():
         if name in sys.modules:
@@ -902,6 +894,21 @@ def install() -> None:
     import atexit
 
     atexit.register(_at_exit)
+
+
+def configure() -> None:
+    """Read the launch's settings from the environment: where to report, what to watch, the plan."""
+    _s.pid = os.getpid()
+    _s.dirs = tuple(os.path.abspath(d) for d in os.environ.get(ENV_DIRS, "").split(os.pathsep) if d)
+    _s.run_dir = os.path.abspath(os.environ[ENV_RUN_DIR]) if os.environ.get(ENV_RUN_DIR) else ""
+    _s.digest_every = int(os.environ.get(ENV_DIGEST_EVERY, "0") or 0)
+    _s.step_points = (frozenset(p for p in os.environ[ENV_STEP_POINTS].split(",") if p)
+                      if ENV_STEP_POINTS in os.environ else frozenset(STEP_POINTS))
+    _s.attempt = int(os.environ.get(probe.ENV_ATTEMPT, "0")) + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    planned = os.environ.get(ENV_PLANNED)
+    if planned and os.path.isfile(planned):
+        with _orig["open"](planned) as f:
+            _s.follow = follow.Follower(json.load(f))
 
 
 # ---- the harness's side ----------------------------------------------------------------------------------

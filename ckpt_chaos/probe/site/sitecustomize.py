@@ -20,12 +20,15 @@ def _chain() -> None:
         sys.path[:] = saved
 
 
-if os.environ.get("CKPT_CHAOS_CONTROLLER"):
+# CKPT_CHAOS_AGENT_SPARE: a launcher's warm agent, whose ranks fork from it with their launch's
+# controller: the layer patches now, before the agent imports torch and the trainer's modules.
+_ahead = bool(os.environ.get("CKPT_CHAOS_AGENT_SPARE"))
+if os.environ.get("CKPT_CHAOS_CONTROLLER") or _ahead:
     try:
         from ckpt_chaos.probe import auto
 
-        auto.install()
+        auto.install(ahead=_ahead)
     except Exception as e:  # the job runs unprobed, and says why: its faults will not fire
         print(f"ckpt-chaos: the automatic probe layer did not load: {e!r}", file=sys.stderr, flush=True)
 _chain()
-del _chain
+del _chain, _ahead
