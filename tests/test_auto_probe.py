@@ -145,7 +145,7 @@ def test_a_kill_at_half_of_a_file_finds_half_of_its_planned_bytes_on_disk(first_
 
 
 def test_the_layer_stays_out_without_a_controller_and_never_imports_torch(tmp_path):
-    code = "import builtins, sys; print(builtins.open.__module__ == 'ckpt_chaos.probe.auto', 'torch' in sys.modules)"
+    code = "import builtins, sys; print(builtins.open.__module__ == 'ckpt_chaos.probe.auto_files', 'torch' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([auto.SITE_DIR, str(REPO)])}
     env.pop("CKPT_CHAOS_CONTROLLER", None)
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -163,7 +163,7 @@ def test_a_sitecustomize_it_shadows_still_runs(tmp_path):
            "CKPT_CHAOS_CONTROLLER": str(tmp_path / "nobody.sock")}
     out = subprocess.run([sys.executable, "-c", "import os, builtins; print(os.environ.get('THEIRS_RAN'), "
                           "builtins.open.__module__)"], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["1", "ckpt_chaos.probe.auto"]
+    assert out.stdout.split() == ["1", "ckpt_chaos.probe.auto_files"]
 
 
 def test_a_file_renamed_into_place_is_planned_under_both_names_and_by_a_trigger_glob():

@@ -76,7 +76,9 @@ def test_a_release_outside_the_range_is_said_in_one_line(name, version, ok):
 @pytest.fixture
 def layer(monkeypatch):
     """A fresh state of the automatic layer in this process, its points captured instead of sent."""
-    monkeypatch.setattr(auto, "_s", auto._State())
+    # reset in place: the layer's modules share this one object (probe/auto_state.py)
+    for key, value in vars(auto._State()).items():
+        monkeypatch.setattr(auto._s, key, value)
     auto._s.pid = os.getpid()
     sent: list[tuple[str, dict]] = []
     monkeypatch.setattr(probe, "point", lambda name, /, **info: sent.append((name, info)))

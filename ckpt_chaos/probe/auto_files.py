@@ -1,0 +1,272 @@
+"""The automatic probe layer's patches of the standard library's file operations (``open``, fsync,
+renames, removals, ``shutil.rmtree`` and ``copyfile``): the file points of a watched directory,
+a write cut at each tenth of its planned size (``auto.py`` says what each point means)."""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import io
+import os
+import shutil
+
+from ckpt_chaos import probe
+from ckpt_chaos.probe.auto_state import CHUNK, TENTHS, WHOLE, _arm, _orig, _point, _Quiet, _quiet, _s, _watched
+
+
+def _kind(rel: str) -> tuple[str, str]:
+    """The write and done points of a file: DCP's shard files are the checkpoint's shards."""
+    if rel.endswith(".distcp"):
+        return "ckpt.shard.write", "ckpt.shard.done"
+    return "file.write", "file.done"
+
+
+# ---- files -------------------------------------------------------------------------------------------
+
+class _Watched(io.RawIOBase):
+    """A file being written in a watched directory: writes go straight to the file (no buffer of
+    ours), cut at each tenth of the planned size, and reported there.
+
+    Native code that writes through the file's descriptor (numpy's ``tofile``, which flushes the
+    Python file and ``fwrite``s to a dup of ``fileno()``) passes no byte through ``write``: the points
+    report the bytes the descriptor shows (the file's size, less what an append found there) where
+    that is more than Python wrote, with ``native`` (and ``python_bytes``, Python's own). A native
+    write that failed raises past ``close``, which cannot tell; a file closed with fewer bytes than
+    the same file in the golden run (``follow.Follower.match``) is reported ``short``."""
+
+    def __init__(self, raw, rel: str, via: str):
+        super().__init__()
+        self._raw, self.rel, self.via = raw, rel, via
+        self.written = 0
+        self.failed = None  # the error a write met: the file is torn, whoever closes it
+        # its size and names in the golden run, where the file it is there is known (a temporary name
+        # followed to the one it was renamed to); ``golden``: that file's size, where it was found
+        rank = probe._rank()
+        self.planned, self.aliases, same = _s.follow.match("file", 0 if rank is None else rank, rel, _s.attempt)
+        self.golden = self.planned if same else None
+        self._base = self._size() if "a" in getattr(raw, "mode", "") else 0  # an append counts from here
+        self._write_point, self._done_point = _kind(rel)
+        self._next = self._boundary(0)
+        _s.fds[raw.fileno()] = rel
+
+    def _boundary(self, done: int) -> int:
+        """The byte count of the next report: the next tenth of the plan (rounded up, so a report at
+        tenth k has at least k/10 of the file), or the next MiB."""
+        if self.planned:
+            k = done * TENTHS // self.planned + 1
+            return max(done + 1, -(-k * self.planned // TENTHS))
+        return (done // CHUNK + 1) * CHUNK
+
+    def writable(self):
+        return True
+
+    def readable(self):
+        return False
+
+    def seekable(self):
+        return self._raw.seekable()
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        return self._raw.seek(offset, whence)
+
+    def tell(self):
+        return self._raw.tell()
+
+    def fileno(self):
+        return self._raw.fileno()
+
+    def flush(self):
+        self._raw.flush()
+
+    def _size(self) -> int | None:
+        try:
+            return os.fstat(self._raw.fileno()).st_size
+        except (OSError, ValueError):
+            return None
+
+    def _info(self, size: int | None) -> dict:
+        """A point's info: ``bytes``, what Python wrote, or where more, the bytes on disk (``size``,
+        the descriptor's) with ``native``."""
+        info = {"path": self.rel, "bytes": self.written, "via": self.via,
+                **({"aliases": self.aliases} if self.aliases else {})}
+        if size is not None and size - self._base > self.written:
+            info.update(bytes=size - self._base, native=True, python_bytes=self.written)
+        return info
+
+    def write(self, b) -> int:
+        view = memoryview(b).cast("B")
+        total, pos = len(view), 0
+        if self.planned is None and self.written == 0 and total >= WHOLE:
+            # A file written in one call (a buffer serialized first, as Lightning does) is that call:
+            # its tenths are the file's, whatever the file's name (a random temporary one) was in the plan.
+            self.planned = total
+            self._next = self._boundary(0)
+        while pos < total:
+            end = pos + min(total - pos, self._next - self.written)
+            while pos < end:  # a write(2) may take part of it (a disk filling up): the rest, or its error
+                try:
+                    n = self._raw.write(view[pos:end])
+                    if not n:
+                        raise OSError(errno.EIO, f"a write of {end - pos} bytes wrote {n}")
+                except OSError as e:
+                    self.failed = e.strerror or repr(e)
+                    raise
+                pos += n
+                self.written += n
+            if self.written >= self._next:
+                self._raw.flush()
+                info = self._info(self._size())  # one fstat a tenth: bytes a native writer added count
+                if self.planned:
+                    info["fraction"] = round(min(1.0, info["bytes"] / self.planned), 4)
+                _point(self._write_point, **info)
+                self._next = self._boundary(self.written)
+        return total
+
+    def close(self):
+        if self.closed:
+            return
+        size = None
+        try:
+            try:
+                super().close()  # flushes the file
+            finally:
+                size = self._size()  # what native code wrote through the descriptor is on it
+                _s.fds.pop(self._raw.fileno(), None)
+                self._raw.close()
+        except OSError as e:  # the flush or close(2) failed: Python saw it
+            self.failed = self.failed or e.strerror or repr(e)
+            self._done(size)
+            raise
+        self._done(size)
+
+    def _done(self, size: int | None) -> None:
+        info = self._info(size)
+        if self.failed:
+            info["failed"] = self.failed
+        if self.golden and info["bytes"] < self.golden:
+            info["short"] = True  # fewer bytes than the same file in the golden run: a write failed unseen
+        _point(self._done_point, **info)
+
+
+def _open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None, closefd=True, opener=None):
+    # Only files opened to write and not to read: a read-write file keeps its own buffering.
+    writes = isinstance(mode, str) and any(c in mode for c in "wax") and "+" not in mode
+    rel = _watched(file) if writes and not _quiet() else None
+    if rel is None:
+        f = _orig["io.open"](file, mode, buffering, encoding, errors, newline, closefd, opener)
+        if not writes and not _quiet() and isinstance(mode, str) and "+" not in mode:
+            _read(file, f)
+        return f
+    binary = "b" in mode
+    raw = _orig["io.open"](file, mode if binary else mode + "b", 0, None, None, None, closefd, opener)
+    stream = _Watched(raw, rel, "open")
+    if binary and buffering == 0:
+        return stream
+    buffered = io.BufferedWriter(stream, buffer_size=CHUNK if buffering in (-1, 1) else buffering)
+    if binary:
+        return buffered
+    return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, newline=newline,
+                            line_buffering=buffering == 1)
+
+
+def _read(file, f) -> None:
+    """A checkpoint file opened to be read (``json.load``, ``pickle``, ``np.load``): what a resume
+    read, whatever library it read with, where no load of a known framework says so."""
+    rel = _watched(file)
+    if rel is None:
+        return
+    try:
+        size = os.fstat(f.fileno()).st_size
+    except (OSError, ValueError, AttributeError):
+        size = None
+    _point("file.read", path=rel, size=size)
+
+
+def _path_of_fd(fd) -> str | None:
+    if not isinstance(fd, int):
+        fd = fd.fileno() if hasattr(fd, "fileno") else None
+    if fd is None:
+        return None
+    rel = _s.fds.get(fd)
+    if rel is not None:
+        return rel
+    try:
+        return _watched(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return None
+
+
+def _fsync(fd):
+    rel = None if _quiet() else _path_of_fd(fd)
+    _orig["fsync"](fd)
+    if rel is not None:
+        _point("file.fsync", path=rel, call="fsync")
+
+
+def _fdatasync(fd):
+    rel = None if _quiet() else _path_of_fd(fd)
+    _orig["fdatasync"](fd)
+    if rel is not None:
+        _point("file.fsync", path=rel, call="fdatasync")
+
+
+def _renamer(which: str):
+    def rename(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        rel_src, rel = (None, None) if _quiet() or src_dir_fd or dst_dir_fd else (_watched(src), _watched(dst))
+        _orig[which](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        if rel is None and rel_src is None:
+            return
+        if rel is not None and os.path.basename(rel) == ".metadata":
+            _point("ckpt.metadata", path=rel)
+        _point("file.rename", path=rel or os.fsdecode(dst), src=rel_src or os.fsdecode(src), call=which)
+
+    rename.__name__ = which
+    return rename
+
+
+def _remover(which: str):
+    def remove(path, *, dir_fd=None):
+        rel = None if _quiet() or dir_fd is not None else _watched(path)
+        _orig[which](path, dir_fd=dir_fd)
+        if rel is not None:
+            _point("file.remove", path=rel, call=which)
+
+    remove.__name__ = which
+    return remove
+
+
+def _rmtree(path, *args, **kwargs):
+    rel = None if _quiet() else _watched(path)
+    if rel is None:
+        return _orig["rmtree"](path, *args, **kwargs)
+    _point("file.rmtree", path=rel, stage="begin")
+    with _Quiet():
+        _orig["rmtree"](path, *args, **kwargs)
+    _point("file.rmtree", path=rel, stage="end")
+
+
+def _copyfile(src, dst, *, follow_symlinks=True):
+    rel = None if _quiet() else _watched(dst)
+    if rel is None:
+        return _orig["copyfile"](src, dst, follow_symlinks=follow_symlinks)
+    # In chunks through a watched stream (not the kernel's copy_file_range), so a fault can land mid-copy.
+    with _Quiet():
+        fsrc = _orig["io.open"](src, "rb")
+        fdst = _Watched(_orig["io.open"](dst, "wb", 0), rel, "copy")
+    with fsrc, fdst:
+        while chunk := fsrc.read(CHUNK):
+            fdst.write(chunk)
+    _point("file.copy", path=rel, src=_watched(src) or os.fsdecode(src), bytes=fdst.written)
+    return dst
+
+
+def _patch_files() -> None:
+    builtins.open = io.open = _open
+    os.fsync = _fsync
+    if _orig["fdatasync"] is not None:
+        os.fdatasync = _fdatasync
+    os.rename, os.replace = _renamer("rename"), _renamer("replace")
+    os.remove, os.unlink = _remover("remove"), _remover("unlink")
+    shutil.rmtree = _rmtree
+    shutil.copyfile = _copyfile  # shutil.copy, copy2 and move (across file systems) call it
+    _arm("files")
