@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
+import textwrap
 import tomllib
 
 import pytest
 
 from ckpt_chaos import faults
 from ckpt_chaos.config import builtin_scenarios
-from ckpt_chaos.faults import KINDS, FaultKind, Nemesis, families, lookup, nemesis_classes
+from ckpt_chaos.faults import (KINDS, FaultKind, Nemesis, families, kind_modules, lookup, nemesis_classes,
+                               register)
 from ckpt_chaos.scenario import FAMILIES, FAULT_KINDS, Fault, ScenarioError, Trigger, catalogue, from_dict
 
 CATALOGUE = catalogue(builtin_scenarios())
@@ -53,9 +56,83 @@ def test_the_names_the_cli_and_the_plugin_import_keep_their_shape():
     assert FAMILIES == families() == ["network", "node", "process", "remote", "scheduler", "storage"]
     assert list(FAULT_KINDS)[:4] == ["kill", "term", "stop", "raise"]
     assert all(FAULT_KINDS[k] == (KINDS[k].family, KINDS[k].doc) for k in KINDS)
-    # one nemesis per family module, composed in the order of the modules
-    assert [c.__module__.rsplit(".", 1)[1] for c in nemesis_classes()] == ["process", "cluster", "storage", "remote",
-                                                                           "slurm"]
+    # one nemesis per family module, composed in the order of the modules (a kind's own module comes after)
+    assert [c.__module__.rsplit(".", 1)[1] for c in nemesis_classes()][:5] == ["process", "cluster", "storage",
+                                                                               "remote", "slurm"]
+
+
+DROPPED = textwrap.dedent('''
+    from ckpt_chaos.faults.kind import FaultKind, Nemesis, NoParams
+    from ckpt_chaos.faults.search_rules import Rule, SearchRule
+
+
+    class DroppedNemesis(Nemesis):
+        def drop(self, fault, event, record):
+            record["dropped"] = True
+
+
+    def _drop(s, delay):
+        if s.can() and (when := s.at("step.begin", 0, delay)):
+            s.add("dropped", when)
+
+
+    KINDS = (FaultKind("dropped", "storage", "a kind in a module nobody imports by name", NoParams, DroppedNemesis,
+                       DroppedNemesis.drop, "#123456", coverage={"fault_dropped_seen": lambda s, f: True},
+                       search=SearchRule(rules=(Rule("dropped", "storage", {"delay": range(2)}, _drop),))),)
+''')
+
+
+@pytest.fixture
+def dropped(tmp_path, monkeypatch):
+    """A module ``zz_dropped`` with one kind, dropped into the package's folder (a folder added to its
+    ``__path__``, as the package sees its own), beside a module without kinds; the registry restored after."""
+    (tmp_path / "zz_dropped.py").write_text(DROPPED)
+    (tmp_path / "zz_helper.py").write_text("VALUE = 1  # a module of the package that defines no kind\n")
+    monkeypatch.setattr(faults, "__path__", [*faults.__path__, str(tmp_path)])
+    saved = dict(KINDS)
+    yield
+    KINDS.clear()
+    KINDS.update(saved)
+    for name in ("ckpt_chaos.faults.zz_dropped", "ckpt_chaos.faults.zz_helper"):
+        sys.modules.pop(name, None)
+
+
+def test_a_kind_module_dropped_in_the_package_is_found_and_registered(dropped):
+    """Adding a kind edits no other module: every module of ``ckpt_chaos.faults`` whose ``KINDS`` is a
+    tuple of kinds is found (pkgutil) and registered, the family modules first, in their ``ORDER``."""
+    names = [m.__name__.rsplit(".", 1)[1] for m in kind_modules()]
+    assert names[:5] == ["process", "cluster", "storage", "remote", "slurm"] and names[-1] == "zz_dropped"
+    assert not {"zz_helper", "kind", "registry", "search_rules", "targets"} & set(names)
+    register(kind_modules())
+    kind = lookup("dropped")
+    assert list(KINDS)[-1] == "dropped" and kind.nemesis.__module__ == "ckpt_chaos.faults.zz_dropped"
+    assert kind.nemesis in nemesis_classes() and "storage" in families()
+    register(kind_modules())  # registering again is no redefinition
+    twin = dataclasses.replace(kind, doc="another kind of the same name")
+    with pytest.raises(ValueError, match="fault kind 'dropped' is defined in x and elsewhere"):
+        register([_module("x", (twin,))])
+
+
+def _module(name, kinds):
+    module = type(sys)(name)
+    module.KINDS = kinds
+    return module
+
+
+def test_the_search_and_the_coverage_take_a_dropped_kind_from_its_module(dropped, monkeypatch):
+    """Its search rule becomes a rule of the search's state machine for its family, and the coverage
+    report counts the kind and its checks, with no list of kind names anywhere."""
+    pytest.importorskip("hypothesis")
+    from ckpt_chaos.check import coverage
+    from ckpt_chaos.search import machine, schedule
+
+    register(kind_modules())
+    monkeypatch.setattr(machine, "_MACHINES", {})
+    assert ("dropped", "dropped") in [(k.name, r.name) for k, r in schedule.rules()]
+    assert hasattr(machine.machine_for(["storage"]), "dropped")
+    assert ("kind", "dropped") in coverage.universe([])
+    assert coverage.kind_checks()["dropped"] == {"fault_dropped_seen"}
+    assert coverage.emitted_checks()["fault_dropped_seen"] == ["kind dropped"]
 
 
 def test_an_unknown_kind_is_refused_with_the_kinds_there_are():
@@ -96,12 +173,17 @@ def test_every_catalogue_scenario_loads_and_round_trips(s):
 
 
 def test_the_properties_the_checks_and_the_search_go_by():
-    """What used to be kind-name tuples in checker.py and explore.py, now facts of each kind."""
+    """What used to be kind-name tuples in checker.py and explore.py, now facts of each kind: those of
+    the five family modules' kinds (a kind added in a module of its own is held to its facts by its
+    own test, so that adding it edits no other file)."""
+    families_kinds = {k.name: k for m in (faults.process, faults.cluster, faults.storage, faults.remote,
+                                          faults.slurm) for k in m.KINDS}
+
     def having(prop):
-        return {k.name for k in KINDS.values() if getattr(k, prop)}
+        return {name for name, k in families_kinds.items() if getattr(k, prop)}
 
     # after these the trainer may keep training: whether it stops is its policy
-    assert set(KINDS) - having("ends_launch") == {"disk_full", "errno", "slow", "corrupt", "corrupt_remote", "toxic",
+    assert set(families_kinds) - having("ends_launch") == {"disk_full", "errno", "slow", "corrupt", "corrupt_remote", "toxic",
                                                   "heal"}
     assert having("crashes") >= {"kill", "stop", "power_loss"}
     assert having("fails_saves") == {"errno", "disk_full"} and having("fills_disk") == {"disk_full"}

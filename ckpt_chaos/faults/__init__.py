@@ -9,7 +9,11 @@ acts for every kind of the module with one protocol: ``new_launch``, ``fire``, `
 fault, mid-run) and ``heal`` (the end of a launch; always a dict). ``Nemeses`` composes them for a
 run, as Jepsen's ``nemesis/combined`` composes its packages.
 
-Adding a kind is one ``FaultKind`` (and its method) in its family's module.
+Adding a kind is one ``FaultKind`` (and its method) in its family's module, or a new module of this
+package: every module here whose ``KINDS`` is a tuple of ``FaultKind`` is found (``pkgutil``) and
+its kinds registered, in the order of the modules' ``ORDER`` (a module without one comes after
+those that have one, by name). A kind carries its nemesis, its search rule, its coverage rule and
+its colour, so nothing outside its module names it.
 
 ``kind.py`` says what a kind and a nemesis are; ``registry.py`` holds the kinds by name for the
 scenario model, which sits below the family modules, and this package fills it.
@@ -17,9 +21,12 @@ scenario model, which sits below the family modules, and this package fills it.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING
 
-from ckpt_chaos.faults import cluster, process, remote, slurm, storage
 from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Launch, Nemesis, NoParams, Setting
 from ckpt_chaos.faults.registry import KINDS, Invalid, families, lookup
 from ckpt_chaos.faults.targets import target_ranks
@@ -28,9 +35,33 @@ if TYPE_CHECKING:
     from ckpt_chaos.scenario import Fault, Scenario
 
 __all__ = ["AMPLE_S", "KINDS", "FaultKind", "Invalid", "Launch", "Nemeses", "Nemesis", "NoParams", "Setting",
-           "families", "lookup", "nemesis_classes", "requirements", "target_ranks"]
+           "families", "kind_modules", "lookup", "nemesis_classes", "register", "requirements", "target_ranks"]
 
-KINDS.update({k.name: k for m in (process, cluster, storage, remote, slurm) for k in m.KINDS})
+
+def kind_modules(package: ModuleType | None = None) -> list[ModuleType]:
+    """The modules of ``package`` (this one by default) that define fault kinds: a ``KINDS`` tuple of
+    ``FaultKind``, in the order of their ``ORDER``, then by name. Each is imported; ``register``
+    adds their kinds to the registry."""
+    package = package or sys.modules[__name__]
+    found = []
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        kinds = getattr(module, "KINDS", None)
+        if isinstance(kinds, tuple) and kinds and all(isinstance(k, FaultKind) for k in kinds):
+            found.append(module)
+    return sorted(found, key=lambda m: (getattr(m, "ORDER", float("inf")), m.__name__))
+
+
+def register(modules: list[ModuleType]) -> None:
+    """Add the kinds of ``modules`` to the registry; a name defined twice is an error, not a shadow."""
+    for module in modules:
+        for k in module.KINDS:
+            if k.name in KINDS and KINDS[k.name] is not k:
+                raise ValueError(f"fault kind {k.name!r} is defined in {module.__name__} and elsewhere")
+            KINDS[k.name] = k
+
+
+register(kind_modules())
 
 
 class Nemeses:

@@ -160,6 +160,8 @@ def _check_heal(s: Scenario, f: Fault) -> None:
         raise Invalid("kind", "heal without a partition or toxic in the same launch", "add a partition or toxic fault")
 
 
+# where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
+ORDER = 2
 KINDS = (
     FaultKind("pause", "node", "freeze every process of the target nodes (docker pause, or SIGSTOP in a namespace "
               "node) until the launch is torn down", NoParams, ClusterNemesis, ClusterNemesis.pause, "#e7298a",

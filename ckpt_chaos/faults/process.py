@@ -230,6 +230,8 @@ def _preemption_handled(run: Run, h: FaultFired, report: Report) -> None:
     report.add("preemption_handled", ok, detail, fault=h.index)
 
 
+# where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
+ORDER = 1
 KINDS = (
     FaultKind("kill", "process", "SIGKILL the target ranks (with node:N, the node's launcher too)",
               NoParams, ProcessNemesis, ProcessNemesis.kill, "#de2d26",

@@ -174,6 +174,8 @@ def _check_toxic(s: Scenario, f: Fault) -> None:
             raise Invalid(f"attributes.{k}", f"wrong value {v!r}", "use a whole number >= 0")
 
 
+# where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
+ORDER = 4
 KINDS = (
     FaultKind("toxic", "remote", "add a Toxiproxy toxic (latency, bandwidth, timeout, reset_peer, slicer, "
               "limit_data, slow_close) to the upload link (link = remote) or the rendezvous-store link "

@@ -8,8 +8,10 @@ schedule being built (a ``Story``) and what it drew. A kind without a ``SearchRu
 scheduled. What else the search must know of a kind (where it strikes, which fault comes with it,
 what the shrink drops first) is a field of its rule, never a test of its name.
 
-The rules sit together here, not in their families' modules, because they are written against one
-story and one small job (``WORLD_SIZE``, ``TRAINER``) and read best side by side. This module is
+The family modules' rules sit together here, because they are written against one story and one
+small job (``WORLD_SIZE``, ``TRAINER``) and read best side by side; a kind in a module of its own
+builds its rule there from ``Rule``, ``SearchRule`` and the points and sites below, so that adding
+it edits no other module. This module is
 below the search (the faults package never imports ``ckpt_chaos.search``) and imports nothing but the
 probe's list of points: hypothesis is an optional extra, so a rule's arguments are plain values (a
 ``range`` draws an integer in it, a tuple one of its values).

@@ -282,6 +282,8 @@ def _requeue_follows(s: Scenario, f: Fault) -> bool:
     return relaunched(s)
 
 
+# where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
+ORDER = 5
 KINDS = (
     FaultKind("preempt", "scheduler", "a job in a higher-priority partition preempts the job: SIGTERM to its tasks, "
               "grace_s (the partition's GraceTime), SIGKILL, and Slurm requeues it", PreemptParams, SlurmNemesis,

@@ -447,6 +447,8 @@ def _newest_damaged(s: Scenario, f: Fault) -> bool:
     return f.params.checkpoint == "newest"
 
 
+# where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
+ORDER = 3
 KINDS = (
     FaultKind("disk_full", "storage", "fill the checkpoint file system until headroom_kb is left (ballast kept "
               "until the next launch, or for good with keep_full)", DiskFullParams, StorageNemesis,
