@@ -19,6 +19,7 @@ from ckpt_chaos.search.explore import (ERRNO_SITES, MAX_LAUNCHES, SAVE_POINTS, S
 from ckpt_chaos.check.checks import Report
 from ckpt_chaos.run.runner import Result, run_scenario
 from ckpt_chaos.scenario import Fault, Trigger, from_dict, load
+from ckpt_chaos.search.schedule import DEFAULT_FAMILIES, rules
 
 
 def _checks(*checks: tuple[str, str, str]) -> list[dict]:
@@ -61,7 +62,10 @@ def test_generated_schedules_validate_round_trip_and_follow_the_story(tmp_path):
     sm = Search(runner=_round_tripping_runner(seen), budget_s=400, database=None, seed=3, out=tmp_path).run()
     assert sm.schedules == len(seen) >= 40 and not sm.findings and not sm.error
     kinds = collections.Counter(f.kind for s in seen for f in s.faults)
-    assert set(kinds) == {"kill", "term", "stop", "raise", "errno", "disk_full", "slow", "power_loss", "corrupt"}
+    # every kind with a rule in the default families is drawn (a kind added with one too), and no other
+    drawable = {kind.name for kind, r in rules() if r.family in DEFAULT_FAMILIES}
+    assert {"kill", "term", "stop", "raise", "errno", "disk_full", "slow", "power_loss", "corrupt"} <= drawable
+    assert set(kinds) == drawable
     for s in seen:
         launches = [f.attempt for f in s.faults]
         assert launches == sorted(launches) and max(launches) <= MAX_LAUNCHES
@@ -71,7 +75,7 @@ def test_generated_schedules_validate_round_trip_and_follow_the_story(tmp_path):
                 assert (f.when.step or int(f.when.name[5:])) < TRAINER["max_steps"]
             if f.kind == "corrupt":  # always followed by a crash at the same point, so a relaunch judges it
                 assert s.faults[i + 1].kind == "kill" and s.faults[i + 1].when == f.when
-        if any(f.kind == "disk_full" for f in s.faults):
+        if any(f.spec.fills_disk for f in s.faults):
             assert s.storage.fs == "tmpfs"
         assert s.expect.resume_from is None and s.expect.job_fails is None
     # Swarm testing: examples enable a subset of the kinds, so many multi-fault schedules use one kind only.
@@ -90,8 +94,8 @@ def _order(f) -> tuple[int, int] | None:
 
 
 def test_each_launchs_faults_come_in_order_and_only_where_the_saves_still_get_to(tmp_path):
-    """The story stays possible: a launch's faults in the order of their events, one disk_full a launch,
-    and nothing at a point of a save that an earlier errno (or the full disk) already failed. Such a
+    """The story stays possible: a launch's faults in the order of their events, one fault that fills the
+    disk a launch, and nothing at a point of a save that an earlier errno (or the full disk) already failed. Such a
     fault never fires: a fifth of the faults planned were, before the generator knew."""
     seen = []
     Search(runner=_round_tripping_runner(seen), budget_s=400, database=None, seed=3, out=tmp_path).run()
@@ -100,7 +104,7 @@ def test_each_launchs_faults_come_in_order_and_only_where_the_saves_still_get_to
             faults = [f for f in s.faults if f.attempt == launch]
             orders = [o for f in faults if (o := _order(f)) is not None]
             assert orders == sorted(orders), f"{s.name}: launch {launch} out of order"
-            assert sum(f.kind == "disk_full" for f in faults) <= 1, f"{s.name}: a second disk_full"
+            assert sum(f.spec.fills_disk for f in faults) <= 1, f"{s.name}: a second fault that fills the disk"
             dies: dict[int, int] = {}  # save step -> first index in SAVE_POINTS it no longer reaches
             full_from = None
             for f in faults:
@@ -110,11 +114,11 @@ def test_each_launchs_faults_come_in_order_and_only_where_the_saves_still_get_to
                     limit = min(dies.get(save, 99), 1 if full_from is not None and save >= full_from else 99)
                     reached = i + (f.kind == "errno")  # an errno's call comes after its trigger point
                     assert reached < limit, f"{s.name}: {f.kind} at {f.when.point} of {f.when.name} is never reached"
-                    if f.kind in ("errno", "disk_full"):
+                    if f.spec.fails_saves:
                         dies[save] = min(dies.get(save, 99), i + 1)
-                    if f.kind == "disk_full":
+                    if f.spec.fills_disk:
                         full_from = save if i == 0 else save + TRAINER["ckpt_every_steps"]
-                elif f.kind == "disk_full":
+                elif f.spec.fills_disk:
                     full_from = f.when.step
 
 
