@@ -20,7 +20,17 @@ test command (``cosmic-ray exec``); this script is the layer around it:
    scenario's ``expect.deadline_s`` fails it). The per-mutant timeout below (the selected
    scenarios' deadlines, plus slack) only catches a harness that stops answering; such a mutant is
    "timed out" and counts as not killed. cosmic-ray's own ``timeout`` lies beyond it.
-5. Mutants marked equivalent by hand in ``benchmarks/mutation-equivalent.toml``, and those that change
+5. Which operators: cosmic-ray's own (``--operators core``, the default), the checkpoint operators
+   of ``ckpt_chaos/mutation_operators.py`` (``--operators checkpoint``: a dropped fsync, a rename
+   published before its write, a state entry dropped, ...), or both. cosmic-ray makes every
+   registered operator's mutants; those of the other operators are left out like mutants out of
+   scope. A run of other operators keeps its own results (``mutation-<operators>.json``) and work
+   folder.
+6. A mutant's verdict (killed or survived) is cached under the hash of its mutated file, its
+   operator and everything else that could change the verdict (the other trainer and harness
+   sources, the scenarios, the coverage baseline): a later run takes it from the cache instead of
+   running it again, until one of those changes (``--no-cache`` runs every mutant).
+7. Mutants marked equivalent by hand in ``benchmarks/mutation-equivalent.toml``, and those that change
    only a function's annotation in a module that never evaluates it (``from __future__ import
    annotations``), are left out of the score and listed with their reason.
 
@@ -36,6 +46,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import hashlib
 import json
 import os
 import platform
@@ -74,6 +85,12 @@ OUT_OF_SCOPE, NOT_SAMPLED, EQUIVALENT_MARK, NOT_REACHED = ("out of scope", "not 
                                                           "not reached")
 SLACK_S = 60  # per scenario, over its deadline: start-up, golden look-up, report
 EQUIVALENT_KEYS = {"file", "operator", "original", "mutant", "line", "reason"}
+# --operators: which providers' mutants a run makes (cosmic-ray's own are ``core``)
+OPERATOR_SETS = {"core": ("core",), "checkpoint": ("checkpoint",), "all": ("core", "checkpoint")}
+CACHE = ROOT / "build" / "mutation-cache"
+# What a cached verdict depends on besides the mutated file: the trainer's and the harness's code
+# and the scenarios (a new check can kill a survivor).
+FINGERPRINTED = ("reference_trainer", "ckpt_chaos")
 
 
 class MutationError(Exception):
@@ -327,7 +344,61 @@ def mutant(item, pristine: Path = ROOT) -> dict:
     diff = "" if mutated is None else "\n".join(difflib.unified_diff(
         code.split("\n"), mutated.split("\n"), f"a/{file}", f"b/{file}", n=1, lineterm=""))
     return {"job": item.job_id, "file": file, "line": spec.start_pos[0], "operator": spec.operator_name,
-            "occurrence": spec.occurrence, "diff": diff, "start": list(spec.start_pos), "end": list(spec.end_pos)}
+            "occurrence": spec.occurrence, "diff": diff, "start": list(spec.start_pos), "end": list(spec.end_pos),
+            "mutated_sha": hashlib.sha256((mutated or "").encode()).hexdigest()}
+
+
+def _provider(operator_name: str) -> str:
+    return operator_name.partition("/")[0]
+
+
+# ---- the cache of verdicts ---------------------------------------------------------------------------
+
+def fingerprint(base: dict, files: list[str], pristine: Path = ROOT) -> str:
+    """What else a mutant's verdict depends on: the tracked sources of the trainer and the harness
+    (every target file's pristine text among them) and the scenarios that reach each target line."""
+    h = hashlib.sha256()
+    listed = subprocess.run(["git", "ls-files", "-z", *FINGERPRINTED], cwd=pristine, capture_output=True)
+    for name in sorted(filter(None, listed.stdout.decode().split("\0"))):
+        path = pristine / name
+        if path.is_file() and name.endswith((".py", ".toml")):
+            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for f in sorted(files):
+        h.update(json.dumps([f, base["reached"].get(f, {})], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def cache_key(m: dict, print_: str) -> str:
+    """A verdict's key: the mutated file's hash, the operator, and the fingerprint of the rest."""
+    return hashlib.sha256("\0".join((m["file"], m["operator"], m["mutated_sha"], print_)).encode()).hexdigest()
+
+
+def cached(cache: Path | None, m: dict, print_: str) -> dict | None:
+    if cache is None:
+        return None
+    path = cache / f"{cache_key(m, print_)}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def remember(cache: Path | None, mutants: list[dict], print_: str) -> int:
+    """Keep the verdict of each mutant run here (killed or survived: a timeout or an error says
+    nothing about the mutant); returns how many were new."""
+    if cache is None:
+        return 0
+    cache.mkdir(parents=True, exist_ok=True)
+    new = 0
+    for m in mutants:
+        status = m.get("run_status", m["status"])
+        if status not in ("killed", "survived") or m.get("cached") or "wall_s" not in m:
+            continue
+        path = cache / f"{cache_key(m, print_)}.json"
+        if not path.exists():
+            keep = {k: m[k] for k in ("status", "scenario", "checks", "detail", "lines", "planned", "ran", "wall_s",
+                                      "exit") if k in m}
+            keep["status"] = status
+            path.write_text(json.dumps({**keep, "file": m["file"], "operator": m["operator"], "diff": m["diff"]}))
+            new += 1
+    return new
 
 
 def _wanted(spec, only: list[str]) -> bool:
@@ -337,20 +408,23 @@ def _wanted(spec, only: list[str]) -> bool:
 
 
 def annotate(session: Path, base: dict, files: list[str], limit: int | None, seed: int,
-             equivalent: list[dict], only: list[str] | None = None) -> dict[str, int]:
+             equivalent: list[dict], only: list[str] | None = None, operators: str = "core",
+             cache: Path | None = None, print_: str = "") -> dict[str, int]:
     """Before ``exec``: mark as done (cosmic-ray's SKIPPED, as its filters do) the mutants out of the
     checkpoint path, out of the sample (or not named with ``only``) or equivalent. What is left
     pending is what ``exec`` runs, in random order. A mutant on a line no scenario reaches is
     counted here but left pending too: its test command answers "not reached" at once, and a run cut
     short by ``--budget`` then leaves a random share of every kind pending, not of the others only,
-    which would weigh those not reached more than the rest."""
+    which would weigh those not reached more than the rest. Mutants of operators not in
+    ``operators`` are out of scope; one whose verdict is in ``cache`` gets it from there."""
     from cosmic_ray.work_db import WorkDB, use_db
-    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
     def done(db, job, output):
         db.set_result(job, WorkResult(output=output, worker_outcome=WorkerOutcome.SKIPPED))
 
-    counts = dict.fromkeys(("out of scope", "not sampled", "equivalent", "not reached", "to run"), 0)
+    providers = OPERATOR_SETS[operators]
+    counts = dict.fromkeys(("out of scope", "not sampled", "equivalent", "not reached", "to run", "cached"), 0)
     with use_db(str(session), WorkDB.Mode.open) as db:
         items = sorted(db.pending_work_items, key=lambda i: (i.mutations[0].module_path.as_posix(),
                                                               i.mutations[0].start_pos, i.mutations[0].operator_name,
@@ -361,7 +435,8 @@ def annotate(session: Path, base: dict, files: list[str], limit: int | None, see
         for item in items:
             spec = item.mutations[0]
             scope = scopes[spec.module_path.as_posix()]
-            if scope is not None and spec.start_pos[0] not in scope or only and not _wanted(spec, only):
+            if (scope is not None and spec.start_pos[0] not in scope or only and not _wanted(spec, only)
+                    or _provider(spec.operator_name) not in providers):
                 done(db, item.job_id, OUT_OF_SCOPE)
                 counts["out of scope"] += 1
             else:
@@ -381,6 +456,11 @@ def annotate(session: Path, base: dict, files: list[str], limit: int | None, see
                 counts["equivalent"] += 1
             elif not select(base, m["file"], [statement_line(sources[m["file"]], m["line"])]):
                 counts["not reached"] += 1
+            elif (hit := cached(cache, m, print_)) is not None:
+                db.set_result(item.job_id, WorkResult(
+                    output=OUTCOME + json.dumps({**hit, "cached": True}), worker_outcome=WorkerOutcome.NORMAL,
+                    test_outcome=TestOutcome.KILLED if hit["status"] == "killed" else TestOutcome.SURVIVED))
+                counts["cached"] += 1
             else:
                 counts["to run"] += 1
     return counts
@@ -531,14 +611,18 @@ def figures(mutants: list[dict], sampled: bool = False) -> dict:
         return c
 
     def median(status: str | None = None) -> float | None:
-        walls = [m["wall_s"] for m in mutants if "wall_s" in m and status in (None, m.get("run_status", m["status"]))]
+        walls = [m["wall_s"] for m in mutants if "wall_s" in m and not m.get("cached")
+                 and status in (None, m.get("run_status", m["status"]))]
         return round(statistics.median(walls), 1) if walls else None
 
+    operators = sorted({m.get("operator", "") for m in mutants})
     return {"totals": count(mutants),
             "files": {f: count([m for m in mutants if m["file"] == f]) for f in sorted({m["file"] for m in mutants})},
+            "operators": {o: count([m for m in mutants if m.get("operator", "") == o]) for o in operators},
             # a killed mutant stops at its first failure; a survivor runs every scenario that reaches it
             "median_mutant_s": median(), "median_killed_s": median("killed"), "median_survived_s": median("survived"),
-            "mutants_run": sum(1 for m in mutants if "wall_s" in m)}
+            "mutants_run": sum(1 for m in mutants if "wall_s" in m and not m.get("cached")),
+            "mutants_cached": sum(1 for m in mutants if m.get("cached"))}
 
 
 def _sampled(mutants: list[dict], extra: dict) -> bool:
@@ -547,16 +631,24 @@ def _sampled(mutants: list[dict], extra: dict) -> bool:
     return bool(extra.get("sample", {}).get("limit")) or any(m["status"] == "pending" for m in mutants)
 
 
+def results_name(operators: str) -> str:
+    """``mutation`` for cosmic-ray's operators (the figures docs/mutation.md has always quoted),
+    ``mutation-<operators>`` for the others, so that one run never overwrites another's."""
+    return "mutation" if operators == "core" else f"mutation-{operators}"
+
+
 def write_results(mutants: list[dict], command: str, extra: dict, results: Path = RESULTS) -> Path:
-    """``mutation.json`` and, as ``report.py --tables`` does, ``mutation.md`` in ``results``."""
+    """``mutation.json`` (``mutation-<operators>.json``) and, as ``report.py --tables`` does, its
+    ``.md`` in ``results``."""
     from benchmarks import report
 
     data = {"command": command, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             **extra, **figures(mutants, sampled=_sampled(mutants, extra)), "mutants": mutants}
     results.mkdir(parents=True, exist_ok=True)
-    (results / "mutation.json").write_text(json.dumps(data, indent=1) + "\n")
+    out = results / f"{results_name(extra.get('sample', {}).get('operators', 'core'))}.json"
+    out.write_text(json.dumps(data, indent=1) + "\n")
     report.write_tables(results)
-    return results / "mutation.json"
+    return out
 
 
 # ---- the whole run ----------------------------------------------------------------------------------
@@ -673,12 +765,17 @@ def resume(args: argparse.Namespace) -> int:
 
 def _report(session: Path, command: str, extra: dict, results: Path) -> int:
     mutants = collect(session, equivalent=load_equivalent())
+    cache = extra.get("cache") or {}
+    remember(Path(cache["dir"]) if cache.get("dir") else None, mutants, cache.get("fingerprint", ""))
     path = write_results(mutants, command, results=results, extra=extra)
     f = figures(mutants, sampled=_sampled(mutants, extra))["totals"]
     ci = f" (95 % interval {f['score_ci95'][0]}-{f['score_ci95'][1]})" if f.get("score_ci95") else ""
     print(f"score {f['score']}{ci}: {f['killed']} killed of {f['total'] - f['equivalent'] - f['pending']} "
           f"({f['survived']} survived, {f['not reached']} not reached, {f['timeout']} timed out, "
           f"{f['error']} errors, {f['equivalent']} equivalent, {f['pending']} pending); {path}")
+    for op, c in figures(mutants)["operators"].items():
+        print(f"  {op}: {c['killed']} killed of {c['total'] - c['equivalent'] - c['pending']} ({c['survived']} survived, "
+              f"{c['not reached']} not reached, {c['equivalent']} equivalent, {c['pending']} pending)")
     return 0
 
 
@@ -722,11 +819,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     session.unlink(missing_ok=True)
     cosmic = _tool("cosmic-ray")
     subprocess.run([cosmic, "init", str(config), str(session)], cwd=tree, check=True)
-    counts = annotate(session, base, files, args.limit, args.seed, load_equivalent(), args.mutant)
+    cache = None if args.no_cache else Path(args.cache).resolve()
+    print_ = fingerprint(base, files)
+    counts = annotate(session, base, files, args.limit, args.seed, load_equivalent(), args.mutant, args.operators,
+                      cache, print_)
     print("mutants: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
     command = "python benchmarks/mutation.py" + (" " + shlex.join(args.argv) if args.argv else "")
-    sample = {"limit": args.limit, "seed": args.seed, "files": files, "named": args.mutant, **counts}
-    run = {"command": command, "extra": {"sample": sample, "exec_wall_s": 0.0, "baseline": str(suite)}}
+    sample = {"limit": args.limit, "seed": args.seed, "files": files, "named": args.mutant,
+              "operators": args.operators, **counts}
+    run = {"command": command, "extra": {"sample": sample, "exec_wall_s": 0.0, "baseline": str(suite),
+                                         "cache": {"dir": None if cache is None else str(cache),
+                                                   "fingerprint": print_}}}
     _timed_exec(work, run, lambda: _exec(cosmic, config, session, tree, work / "mutants.log", args.budget,
                                          counts["to run"] + counts["not reached"]))
     return _report(session, command, run["extra"], Path(args.results))
@@ -758,7 +861,14 @@ def main(argv: list[str] | None = None) -> int:
                          "reports/default/latest (default: made first, about 10 minutes)")
     ap.add_argument("--golden-dir", metavar="DIR", help="the golden runs of the pristine tree (default: those the "
                                                         "coverage run used, or WORK/golden)")
-    ap.add_argument("--work", default=str(WORK), help=f"scratch folder (default: {WORK.relative_to(ROOT)})")
+    ap.add_argument("--operators", choices=sorted(OPERATOR_SETS), default="core",
+                    help="cosmic-ray's own operators (core, the default), the checkpoint operators of "
+                         "ckpt_chaos/mutation_operators.py (checkpoint), or both (all)")
+    ap.add_argument("--work", help=f"scratch folder (default: {WORK.relative_to(ROOT)}, "
+                                   f"{WORK.relative_to(ROOT)}-OPERATORS for other operators)")
+    ap.add_argument("--cache", default=str(CACHE), help="where verdicts are cached by the hash of the mutated file "
+                                                        f"and operator (default: {CACHE.relative_to(ROOT)})")
+    ap.add_argument("--no-cache", action="store_true", help="run every mutant, and cache nothing")
     ap.add_argument("--mutant", action="append", metavar="FILE:LINE[:OPERATOR[:OCCURRENCE]]",
                     help="only these mutants (repeatable), e.g. a survivor again after a new scenario: "
                          "reference_trainer/checkpoint.py:277:core/AddNot")
@@ -774,6 +884,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-runs", action="store_true", help="keep each mutant's scenario runs in WORK/runs")
     args = ap.parse_args(argv)
     args.argv = argv
+    if args.work is None:
+        args.work = str(WORK if args.operators == "core" else WORK.with_name(f"{WORK.name}-{args.operators}"))
     try:
         if args.cmd == "test":
             return cmd_test(args)

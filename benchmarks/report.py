@@ -571,15 +571,23 @@ def mutation_md(d: dict) -> str:
         ci = c.get("score_ci95")
         return _pct(c["score"]) + (f" ({_pct(ci[0], 0)}–{_pct(ci[1], 0)})" if ci else "")
 
-    rows = [[f"`{f}`", score(c), c["killed"], c["survived"], c["not reached"], c["timeout"], c["error"],
-             c["equivalent"], c["pending"], c["total"]] for f, c in [*d["files"].items(), ("all", t)]]
-    out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): cosmic-ray's mutants "
+    def row(name: str, c: dict) -> list:
+        return [name, score(c), c["killed"], c["survived"], c["not reached"], c["timeout"], c["error"],
+                c["equivalent"], c["pending"], c["total"]]
+
+    rows = [row(f"`{f}`", c) for f, c in [*d["files"].items(), ("all", t)]]
+    ops = s.get("operators", "core")
+    made_by = {"core": "cosmic-ray's mutants", "checkpoint": "the checkpoint operators' mutants "
+               "(`ckpt_chaos/mutation_operators.py`)"}.get(ops, "cosmic-ray's and the checkpoint operators' mutants")
+    cached = (f"; {d['mutants_cached']} verdicts taken from the cache (same mutated file, operator, trainer, harness and "
+              "coverage)" if d.get("mutants_cached") else "")
+    out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): {made_by} "
            f"of the checkpoint path, each against the default-suite scenarios that reach its line, cheapest first, "
            f"to the first failure. Mutants: "
            + (f"those named ({len(s['named'])})" if s.get("named") else
               f"a sample of {s['limit']} (seed {s['seed']})" if s["limit"] else "all")
-           + f" of the {s['to run'] + s['not reached'] + s['equivalent'] + s['not sampled']} in scope; "
-           f"{d['mutants_run']} run, median {_f(d['median_mutant_s'], 0, ' s')} per mutant (killed "
+           + f" of the {s['to run'] + s['not reached'] + s['equivalent'] + s['not sampled'] + s.get('cached', 0)} in "
+           f"scope; {d['mutants_run']} run{cached}, median {_f(d['median_mutant_s'], 0, ' s')} per mutant (killed "
            f"{_f(d.get('median_killed_s'), 0, ' s')}, survivors {_f(d.get('median_survived_s'), 0, ' s')}), "
            f"{_f(d['exec_wall_s'] / 60, 0, ' min')} in all. Score = killed / (total - equivalent); "
            "not reached, timed out and errors count as not killed; pending: not run before `--budget` ran out, "
@@ -589,6 +597,10 @@ def mutation_md(d: dict) -> str:
            + _md(["file", "score", "killed", "survived", "not reached", "timed out", "error", "equivalent", "pending",
                   "total"],
                  rows))
+    if len(d.get("operators", {})) > 1 or ops != "core":
+        out += "\n\nBy operator:\n\n" + _md(
+            ["operator", "score", "killed", "survived", "not reached", "timed out", "error", "equivalent", "pending",
+             "total"], [row(f"`{o}`", c) for o, c in d["operators"].items()])
     by = lambda *st: [m for m in d["mutants"] if m["status"] in st]
     killed = [[f"`{m['file']}:{m['line']}`", m["operator"].removeprefix("core/"), m["scenario"],
                ", ".join(m["checks"]) or "(the run's reason)", _f(m.get("wall_s"), 0, " s")] for m in by("killed")]
@@ -620,6 +632,9 @@ TABLES = {
     "explore_planted": ("The fault-schedule search against planted bugs", planted_md),
     "trainer_coverage": ("Which lines of the reference trainer's checkpoint path the suite reaches", coverage_md),
     "mutation": ("Mutation score of the checkpoint path under the scenarios", mutation_md),
+    "mutation-checkpoint": ("Mutation score of the checkpoint path under the scenarios: checkpoint operators",
+                            mutation_md),
+    "mutation-all": ("Mutation score of the checkpoint path under the scenarios: every operator", mutation_md),
 }
 
 
