@@ -251,8 +251,6 @@ class PublishBeforeWrite(Operator):
                     needs |= _used(stmts[k])
             if not ok or not _ends_line([stmts[k] for k in range(j, i + 1)]):
                 continue
-            # a statement left behind that reads a name the group binds would now read it early: fine;
-            # one that binds a name the group reads would be skipped: checked above
             out.append((j, [*group, i]))
         return out
 
