@@ -32,6 +32,8 @@ DURABLE = frozenset({"fsync", "fdatasync", "flush", "sync", "replace", "rename"}
 WRITES = frozenset({"write", "writelines", "write_bytes", "write_text", "write_durably", "save", "async_save",
                     "dump", "copy", "copy2", "copyfile", "copytree", "upload_file", "upload_fileobj", "put_object"})
 PUBLISH = frozenset({"rename", "replace"})
+# Callees that read a checkpoint back (with the restores, what a swallowed error hides on load).
+LOADS = frozenset({"load", "load_checkpoint", "read_manifest", "validate", "download_file"})
 POINTER = re.compile(r"latest|pointer", re.IGNORECASE)
 # Keys that name a part of a training job's state (what a checkpoint must carry).
 STATE_KEYS = frozenset({"rng", "loader", "dataloader", "sampler", "scheduler", "progress", "counters", "step",
@@ -491,20 +493,38 @@ class DropCollectionName(Operator):
 
 
 class SwallowException(Operator):
-    """A ``raise`` becomes ``pass``: a handler swallows what it caught (``except ...: raise``),
-    or a guard lets through the failure it found (``if bad: raise ...``)."""
+    """An error on the save or load path is swallowed: a ``raise`` becomes ``pass`` (a handler
+    swallows what it caught, ``except ...: raise``, or a guard lets through the failure it found,
+    ``if bad: raise ...``), and a call statement that writes, publishes, makes durable or loads (a
+    line of its own in a block) is wrapped in ``try: ... except Exception: pass``."""
+
+    @staticmethod
+    def _wraps(node) -> bool:
+        if node.type != "simple_stmt" or node.parent is None or node.parent.type not in ("suite", "file_input"):
+            return False
+        name = _call_statement(node)
+        # only calls that do I/O: what a fault can make raise (a restore that never raises under any
+        # fault would make a mutant nothing can kill)
+        return name is not None and (name in WRITES or name in DURABLE or name in LOADS or "fsync" in name)
 
     def mutation_positions(self, node):
         if node.type == "raise_stmt" or node.type == "keyword" and node.value == "raise" and node.parent.type == "simple_stmt":
             yield node.start_pos, node.end_pos
+        elif self._wraps(node):
+            yield node.start_pos, node.end_pos
 
     def mutate(self, node, index):
-        return _text(node, "pass")
+        if node.type != "simple_stmt":
+            return _text(node, "pass")
+        indent = node.get_first_leaf().prefix.rpartition("\n")[2]
+        return _text(node, f"try:\n{indent}    {_bare(_only_small(node))}\n{indent}except Exception:\n{indent}    pass\n")
 
     @classmethod
     def examples(cls):
         return (Example("try:\n    f()\nexcept OSError:\n    raise\n", "try:\n    f()\nexcept OSError:\n    pass\n"),
-                Example("if bad:\n    raise SaveFailed('x') from e\n", "if bad:\n    pass\n"))
+                Example("if bad:\n    raise SaveFailed('x') from e\n", "if bad:\n    pass\n"),
+                Example("def f():\n    log()\n    write_durably(p, b)\n",
+                        "def f():\n    log()\n    try:\n        write_durably(p, b)\n    except Exception:\n        pass\n"))
 
 
 class SwapRestoreCalls(Operator):

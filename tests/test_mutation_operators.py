@@ -169,10 +169,13 @@ def test_drop_collection_name_removes_one_name_and_keeps_a_tuple_a_tuple():
     assert positions(ops.DropCollectionName, 'x = ("a",)\ny = [k for k in ("a", "b")]\n')[0][0] == (2, 17)
 
 
-def test_swallow_exception_turns_each_raise_into_pass():
+def test_swallow_exception_turns_each_raise_into_pass_and_wraps_each_i_o_call_statement():
     source = "try:\n    load()\nexcept OSError as e:\n    log(e)\n    raise\nif bad:\n    raise SaveFailed(x) from e\n"
     got = mutants(ops.SwallowException, source)
-    assert got == [source.replace("    raise\n", "    pass\n"), source.replace("raise SaveFailed(x) from e", "pass")]
+    assert got == [source.replace("    load()\n", "    try:\n        load()\n    except Exception:\n        pass\n"),
+                   source.replace("    raise\n", "    pass\n"), source.replace("raise SaveFailed(x) from e", "pass")]
+    # a call that does no I/O, or one inside an expression or on an ``if`` line, is not wrapped
+    assert positions(ops.SwallowException, "log(x)\nrestore_rng(r)\nok = validate(p)\nif x: fsync_path(p)\n") == []
 
 
 LOAD = '''\
