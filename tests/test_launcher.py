@@ -5,6 +5,7 @@ rank reports on its own connection."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -103,12 +104,13 @@ def test_the_agent_warms_what_the_trainers_entry_file_imports_even_inside_functi
 
 def test_a_spare_imports_ahead_only_what_its_trainers_ranks_would_import():
     """torch._dynamo, which FSDP2's fully_shard imports when called, is warmed for a trainer that
-    imports FSDP, and not for a plain DDP script: imported into its ranks, it made one launch in ten
-    deadlock in gloo's process group at exit, which the same script never does under torchrun."""
-    fsdp, ddp = warm_imports("reference_trainer"), warm_imports("examples/plain_ddp/train.py")
+    imports FSDP, and not for one that does not: imported into the ranks of a plain DDP trainer, it
+    made one launch in ten deadlock in gloo's process group at exit, which never happened under
+    torchrun."""
+    fsdp, plain = warm_imports("reference_trainer"), warm_imports("tests.launch_target")
     assert "torch.distributed.fsdp" in fsdp and "torch._dynamo" in fsdp
-    assert "torch.nn.parallel" in ddp and "torch._dynamo" not in ddp and "torch.distributed.fsdp" not in ddp
-    assert not [n for n in fsdp + ddp if n.endswith("__main__")]
+    assert "torch.distributed" in plain and "torch._dynamo" not in plain and "torch.distributed.fsdp" not in plain
+    assert not [n for n in fsdp + plain if n.endswith("__main__")]
 
 
 def test_launches_that_test_torchrun_itself_keep_torchrun(monkeypatch):
@@ -172,17 +174,14 @@ def test_a_second_kill_of_a_launch_waits_for_the_first(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("how", LAUNCHERS)
-def test_a_script_run_as_torchrun_runs_it_and_exits_as_an_interpreter_does(tmp_path, how, monkeypatch):
-    """A ``[command]`` trainer's script under torchrun or forked by the agent: run as ``__main__`` with
-    its folder first on the path, NumPy's unseeded stream drawing other numbers on each rank, and
-    its threads and ``atexit`` functions let finish before the rank exits."""
-    monkeypatch.setenv(launcher.ENV_LAUNCHER, how)
-    script = Path(__file__).parent / "launch_script.py"
+def test_a_rank_starts_and_exits_as_a_fresh_interpreter_would(tmp_path, how):
+    """Under torchrun or forked by the agent: the module runs as ``__main__`` with the current
+    directory first on the path, NumPy's unseeded stream draws other numbers on each rank and launch,
+    and the rank's threads and ``atexit`` functions are let finish before it exits."""
     runs = []
     for attempt in (0, 1):
         out = tmp_path / str(attempt)
-        out.mkdir()
-        job = launcher.launch_command(out, 2, [str(script), str(out)])
+        job = launcher.launch(out, 2, [str(out)], module="tests.launch_exit", launcher=how)
         try:
             assert job.wait(120) == 0, (out / "torchrun.log").read_text()[-3000:]
         finally:
@@ -190,8 +189,8 @@ def test_a_script_run_as_torchrun_runs_it_and_exits_as_an_interpreter_does(tmp_p
         assert ("ckpt-chaos agent" in (out / "torchrun.log").read_text()) == (how == "agent")
         seen = [json.loads((out / f"script{r}.json").read_text()) for r in (0, 1)]
         for rank in seen:
-            assert rank["name"] == "__main__" and rank["argv"] == [str(script), str(out)]
-            assert rank["path0"] == str(script.parent)
+            assert rank["name"] == "__main__" and rank["argv"][1:] == [str(out)]
+            assert rank["path0"] == os.getcwd()
         assert all((out / f"{what}{r}").exists() for what in ("thread", "atexit") for r in (0, 1))
         runs.append([rank["draw"] for rank in seen])
     draws = [d for run in runs for d in run]

@@ -8,9 +8,9 @@ agent does (``TORCHELASTIC_USE_AGENT_STORE``), and supervises the ranks the way 
 ``--max-restarts=0``:
 
 * every rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-  ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_*``) and runs ``python -m MODULE ARGS`` (or a
-  script, ``python PATH ARGS``) in a session of its own, and exits as an interpreter does: threads
-  that are not daemons waited for, ``atexit`` functions run;
+  ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_*``) and runs ``python -m MODULE ARGS`` in a
+  session of its own, and exits as an interpreter does: threads that are not daemons waited for,
+  ``atexit`` functions run;
 * when a rank fails, the others get SIGTERM, then SIGKILL 30 s later (torchrun's
   ``PContext.close``), with torchrun's log line for it, which the harness reads to reap stopped
   ranks; the agent then exits 1;
@@ -26,10 +26,6 @@ that launch's agent, so no launch waits for torch to be imported again and no im
 the ranks for the CPU. Forking is only safe while the spare has a single thread; a spare whose
 imports started threads (a preloaded ``libfiu``) serves one launch itself and then exits, and its
 ranks start with ``exec``.
-
-A spare started with ``CKPT_CHAOS_AGENT_SPARE`` and the probe layer's ``sitecustomize`` on its path
-(a ``[command]`` trainer's launch) has the layer's patches in place before its imports; each rank
-reads its launch's controller and folders after the fork (``probe.auto.configure``).
 
 Protocol: the harness holds one end of a ``SOCK_SEQPACKET`` pair whose other end is the control fd.
 The spare writes ``{"ready": 1, "forkable": bool, "sources": {path: mtime}}`` on its status pipe
@@ -59,26 +55,17 @@ CLOSE_TIMEOUT_S = 30.0  # torchrun's PContext.close(timeout=30)
 POLL_S = 0.05
 
 
-def is_script(target: str) -> bool:
-    """A launch's target is a script's path (``python PATH``), not a module (``python -m MODULE``)."""
-    return target.endswith(".py")
-
-
 def _imports_of(module: str) -> list[str]:
-    """The modules that ``python -m MODULE`` (or ``python MODULE`` where it is a script's path) imports
-    by name in its file, at any depth of it (a trainer often imports torch late, inside ``main``),
-    found with ``ast`` without running the file."""
+    """The modules that ``python -m MODULE`` imports by name in its file, at any depth of it (a
+    trainer often imports torch late, inside ``main``), found with ``ast`` without running the file."""
     import ast
     import importlib.util
 
     try:
-        if is_script(module):
-            origin, package = module, ""
-        else:
-            spec = importlib.util.find_spec(module)
-            if spec is not None and spec.submodule_search_locations:  # a package runs its __main__
-                spec = importlib.util.find_spec(f"{module}.__main__")
-            origin, package = spec.origin, spec.name.rpartition(".")[0]
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations:  # a package runs its __main__
+            spec = importlib.util.find_spec(f"{module}.__main__")
+        origin, package = spec.origin, spec.name.rpartition(".")[0]
         with open(origin) as fh:
             tree = ast.parse(fh.read())
     except (ImportError, AttributeError, TypeError, OSError, SyntaxError, ValueError):
@@ -132,7 +119,7 @@ def warm_imports(module: str) -> list[str]:
     """What a spare imports ahead for ``module``: the trainer's package, the modules its entry file
     imports, and what those import when called (``IMPORTED_BY_CALLS``); never a module the ranks would
     not import themselves, since an import can change what a process does."""
-    names = [*([] if is_script(module) else [module.split(".")[0]]), *_entry_imports(module)]
+    names = [module.split(".")[0], *_entry_imports(module)]
     later = [m for n in names for prefix, more in IMPORTED_BY_CALLS.items()
              if n == prefix or n.startswith(prefix + ".") for m in more]
     # A package's ``__main__`` is run as ``__main__`` by ``python -m PACKAGE``: a second copy imported
@@ -147,8 +134,6 @@ def _warm(module: str) -> None:
 
     import torch  # noqa: F401
 
-    if is_script(module):  # ``python PATH`` puts the script's folder first on the path
-        sys.path[0] = os.path.dirname(os.path.abspath(module))
     for name in warm_imports(module):
         try:
             importlib.import_module(name)
@@ -180,14 +165,6 @@ def _as_fresh_process() -> None:
         numpy.random.seed()
 
 
-def _armed_after_fork() -> None:
-    """The probe layer was installed in the spare, before its imports (``probe/site``, as at any
-    interpreter's start); it reads this launch's controller, folders and plan from the environment now."""
-    auto = sys.modules.get("ckpt_chaos.probe.auto")
-    if auto is not None:
-        auto.configure()
-
-
 def _finalize(code: int) -> int:
     """An interpreter's exit, as ``python`` would make it: wait for the threads that are not daemons,
     then run the ``atexit`` functions (a trainer's last upload, its logger's flush)."""
@@ -206,8 +183,7 @@ def _finalize(code: int) -> int:
 
 
 def _run_rank(spec: dict, env: dict[str, str], listen: socket.socket, status_fd: int) -> None:
-    """In the forked child: become ``python -m MODULE ARGV`` (or ``python PATH ARGV``) for one rank.
-    Never returns."""
+    """In the forked child: become ``python -m MODULE ARGV`` for one rank. Never returns."""
     import runpy
 
     code = 1
@@ -223,13 +199,8 @@ def _run_rank(spec: dict, env: dict[str, str], listen: socket.socket, status_fd:
         os.environ.clear()
         os.environ.update(env)
         _as_fresh_process()
-        _armed_after_fork()
-        target = spec["module"]
-        sys.argv = [target, *spec["argv"]]
-        if is_script(target):
-            runpy.run_path(target, run_name="__main__")
-        else:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        sys.argv = [spec["module"], *spec["argv"]]
+        runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -351,7 +322,6 @@ def _agent(spec: dict, status_fd: int, forkable: bool) -> int:
         print(f"[ckpt-chaos agent] {_threads()} threads after the imports: starting the ranks with exec, "
               "not fork", flush=True)
     base = {**os.environ, **spec["env"]}
-    base.pop("CKPT_CHAOS_AGENT_SPARE", None)  # the ranks are the trainer's processes, not spares
     ranks: dict[int, int] = {}
     started: list[subprocess.Popen] = []
     for rank in range(nproc):
@@ -366,8 +336,7 @@ def _agent(spec: dict, status_fd: int, forkable: bool) -> int:
             if pid == 0:
                 _run_rank(spec, env, listen, status_fd)
         else:
-            target = spec["module"]
-            popen = subprocess.Popen([sys.executable, *([] if is_script(target) else ["-m"]), target, *spec["argv"]], env=env,
+            popen = subprocess.Popen([sys.executable, "-m", spec["module"], *spec["argv"]], env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
             started.append(popen)  # referenced, so that Popen's own reaping never takes a status from waitpid
             pid = popen.pid

@@ -43,7 +43,6 @@ from ckpt_chaos.env.lifetime import die_with_parent
 from ckpt_chaos.probe import ENV_CONTROLLER
 
 JOB_MARKER = "CKPT_CHAOS_JOB"
-AGENT_SPARE = "CKPT_CHAOS_AGENT_SPARE"  # set in a spare: probe/site arms the probe layer before its imports
 ENV_LAUNCHER = "CKPT_CHAOS_LAUNCHER"
 LAUNCHERS = ("agent", "torchrun")
 
@@ -271,31 +270,16 @@ def _start(cmd: list[str], run_dir: Path, env: dict[str, str], marker: str, log_
     return Job(popen, marker, run_dir / log_name)
 
 
-def _agent_target(argv: list[str]) -> tuple[str, list[str]] | None:
-    """What torchrun would run, where the launcher agent can run it too: ``-m MODULE ARGS`` or
-    ``SCRIPT.py ARGS`` (None for anything else, such as ``--no-python``)."""
-    if len(argv) >= 2 and argv[0] == "-m":
-        return argv[1], argv[2:]
-    if argv and argv[0].endswith(".py") and os.path.isfile(argv[0]):
-        return argv[0], argv[1:]
-    return None
-
-
 def launch_command(run_dir: Path, nproc: int, argv: list[str], *, launcher: str = "torchrun",
                    env: dict[str, str] | None = None, max_restarts: int = 0, log_name: str = "torchrun.log") -> Job:
     """Start a trainer of its own: ``torchrun`` with ``nproc`` ranks running ``argv`` (a script and its
     arguments, or ``-m MODULE ...``), or ``argv`` itself where the trainer starts its own ranks
     (``launcher="self"``: Lightning, ``accelerate launch``). ``env`` comes on top of the harness's.
 
-    A torchrun launch that restarts nothing is served by the launcher agent (``chosen_launcher``):
-    its ranks get torchrun's environment and supervision, forked from a process that imported torch
-    and the script's imports with the probe layer already armed; ``CKPT_CHAOS_LAUNCHER=torchrun``
-    runs torchrun itself."""
+    Never the launcher agent: the file-event recorder and faultfs tell a ``[command]`` job's processes
+    by ``/proc/PID/environ`` (the run directory, the rank, the controller), which a rank forked from a
+    spare does not carry (it shows the spare's environment as it was exec'd)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    target = _agent_target(argv) if launcher == "torchrun" else None
-    if target is not None and chosen_launcher(max_restarts) == "agent":
-        return _launch_agent(run_dir, nproc, target[1], target[0], dict(env or {}), log_name, "none",
-                             base="ckpt_chaos")
     marker = uuid.uuid4().hex
     full_env = {**_base_env("ckpt_chaos"), JOB_MARKER: marker, **(env or {})}
     if launcher == "torchrun":
@@ -526,7 +510,7 @@ class _Spares:
         errors = tempfile.TemporaryFile()
         popen = subprocess.Popen([sys.executable, "-m", "ckpt_chaos.env.agent", module, str(w), str(theirs.fileno())],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
-                                 env={**env, JOB_MARKER: marker, AGENT_SPARE: "1"}, pass_fds=(w, theirs.fileno()),
+                                 env={**env, JOB_MARKER: marker}, pass_fds=(w, theirs.fileno()),
                                  start_new_session=True, preexec_fn=die_with_parent)
         os.close(w)
         theirs.close()
@@ -596,8 +580,7 @@ def _spares_pool() -> _Spares:
 
 
 def _start_env(module: str, extra: dict[str, str]) -> dict[str, str]:
-    """The environment a spare for this launch starts with: the variables read at exec (``_late``).
-    ``module``: the code whose import root goes on PYTHONPATH (``worker_pythonpath``)."""
+    """The environment a spare for this launch starts with: the variables read at exec (``_late``)."""
     return {**_base_env(module), **{k: v for k, v in extra.items() if not _late(k)}}
 
 
@@ -608,10 +591,8 @@ def prewarm(module: str = "reference_trainer", env: dict[str, str] | None = None
 
 
 def _launch_agent(run_dir: Path, nproc: int, trainer_args: list[str], module: str, extra: dict[str, str],
-                  log_name: str, rdzv_id: str, base: str | None = None) -> AgentJob:
-    """``module``: what each rank runs (a module, or a script's path); ``base``: whose import root the
-    workers' PYTHONPATH holds (default: the module's)."""
-    pool, start_env = _spares_pool(), _start_env(base or module, extra)
+                  log_name: str, rdzv_id: str) -> AgentJob:
+    pool, start_env = _spares_pool(), _start_env(module, extra)
     spare = pool.take(module, start_env)
     # Wait for the spare's ready message before the launch: the spare may not answer a launch while
     # the harness leaves that message unread in the pipe.
@@ -624,9 +605,8 @@ def _launch_agent(run_dir: Path, nproc: int, trainer_args: list[str], module: st
     log_path = run_dir / log_name
     spec = {"nproc": nproc, "module": module, "argv": trainer_args, "log": str(log_path), "run_id": rdzv_id,
             "env": {k: v for k, v in extra.items() if _late(k)}}
-    how = module if module.endswith(".py") else f"-m {module}"
     with open(log_path, "ab") as log:
-        log.write(f"$ [ckpt-chaos agent of spare {spare.popen.pid}] python {how} {' '.join(trainer_args)} "
+        log.write(f"$ [ckpt-chaos agent of spare {spare.popen.pid}] python -m {module} {' '.join(trainer_args)} "
                   f"(x{nproc})\n".encode())
     r, w = os.pipe()
     try:

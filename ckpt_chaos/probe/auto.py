@@ -74,11 +74,9 @@ from ckpt_chaos.probe.auto_torch import (_AFTER_IMPORT, _AfterImport, _found, _f
 
 # ---- installation --------------------------------------------------------------------------------------
 
-def install(ahead: bool = False) -> None:
-    """Arm the layer in this process (idempotent). Does nothing without a controller address, unless
-    ``ahead``: a launcher's warm agent patches before its imports, as an interpreter's start would,
-    and each rank forked from it reads its launch's settings with ``configure``."""
-    if _s.installed or not (ahead or os.environ.get(probe.ENV_CONTROLLER)):
+def install() -> None:
+    """Arm the layer in this process (idempotent). Does nothing without a controller address."""
+    if _s.installed or not os.environ.get(probe.ENV_CONTROLLER):
         return
     _s.installed = True
     configure()

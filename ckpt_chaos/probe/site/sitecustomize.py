@@ -20,15 +20,12 @@ def _chain() -> None:
         sys.path[:] = saved
 
 
-# CKPT_CHAOS_AGENT_SPARE: a launcher's warm agent, whose ranks fork from it with their launch's
-# controller: the layer patches now, before the agent imports torch and the trainer's modules.
-_ahead = bool(os.environ.get("CKPT_CHAOS_AGENT_SPARE"))
-if os.environ.get("CKPT_CHAOS_CONTROLLER") or _ahead:
+if os.environ.get("CKPT_CHAOS_CONTROLLER"):
     try:
         from ckpt_chaos.probe import auto
 
-        auto.install(ahead=_ahead)
+        auto.install()
     except Exception as e:  # the job runs unprobed, and says why: its faults will not fire
         print(f"ckpt-chaos: the automatic probe layer did not load: {e!r}", file=sys.stderr, flush=True)
 _chain()
-del _chain, _ahead
+del _chain

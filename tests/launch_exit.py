@@ -1,8 +1,8 @@
-"""A script (not a module) for the launcher tests: what ``python PATH ARGS`` gives each rank, and
-what its exit does. ``python tests/launch_script.py OUT``: each rank writes ``OUT/script{rank}.json``
-with its ``__name__``, ``sys.argv``, the first entry of its import path and a draw of NumPy's global
-stream (never seeded here), starts a thread that is not a daemon and registers an ``atexit`` function:
-both write a file after ``main`` returned, as an interpreter's exit lets them."""
+"""A trainer module for the launcher tests: what ``python -m tests.launch_exit OUT`` gives each rank,
+and what its exit does. Each rank writes ``OUT/script{rank}.json`` with its ``__name__``,
+``sys.argv``, the first entry of its import path and a draw of NumPy's global stream (never seeded
+here), starts a thread that is not a daemon and registers an ``atexit`` function: both write a file
+after ``main`` returned, as an interpreter's exit lets them."""
 
 import atexit
 import json
