@@ -10,6 +10,7 @@ import dataclasses
 import errno
 import mmap
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -365,6 +366,34 @@ def test_disk_full_is_a_real_enospc(tmp_path):
         (st.ckpt / "big").write_bytes(b"x" * (1 << 20))
     assert (tmp_path / "checkpoints" / "big").stat().st_size == 1 << 20  # copied out for post-mortem
     assert not os.path.ismount(tmp_path / "checkpoints")
+
+
+@needs_faultfs
+@pytest.mark.parametrize("fs", ["tmpfs", "ext4"])
+def test_inodes_full_takes_every_inode_with_space_left_and_gives_them_back(tmp_path, fs):
+    """A create fails with ENOSPC while a free-space check sees room; the end of the launch gives the
+    inodes back (and a tmpfs its own inode count)."""
+    from ckpt_chaos.faults import Setting
+    from ckpt_chaos.faults.inodes import InodeNemesis
+    from ckpt_chaos.scenario import Fault, Trigger
+
+    if fs == "ext4" and (why := missing("ext4")):
+        pytest.skip(why)
+    with Storage(tmp_path, StorageSpec(fs=fs, size_mb=16)) as st:
+        nemesis = InodeNemesis(Setting(tmp_path, st))
+        record: dict = {}
+        fault = Fault(kind="inodes_full", when=Trigger(point="ckpt.stage"), headroom=1)
+        nemesis.inodes_full(fault, {"rank": 0}, record)
+        assert record["after"]["inodes_free"] <= 1 and shutil.disk_usage(st.ckpt).free > 8 << 20
+        (st.ckpt / "within-the-headroom").touch()
+        with pytest.raises(OSError) as e:
+            (st.ckpt / ".tmp-step_00000004").mkdir()
+        assert e.value.errno == errno.ENOSPC
+        given = nemesis.heal()["inodes_given_back"]
+        assert given["files"] == record["files"] and nemesis.heal() == {}
+        (st.ckpt / ".tmp-step_00000004").mkdir()
+        if fs == "tmpfs":
+            assert given["nr_inodes"] == record["nr_inodes"]["was"] == os.statvfs(st.fs).f_files
 
 
 @needs_faultfs
