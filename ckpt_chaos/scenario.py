@@ -351,6 +351,12 @@ def _check_command(s: Scenario) -> None:
                      f"not {c.ckpt_dir!r}", "use ckpt_dir = \"checkpoints\"")
     if c.save_every is not None and c.save_every < 1:
         raise _error(src, "command.save_every", f"{c.save_every}", "use the trainer's checkpoint interval in steps")
+    if c.keep_last is not None and c.keep_last < 1:
+        raise _error(src, "command.keep_last", f"{c.keep_last}", "use how many of its newest checkpoints the trainer "
+                     "keeps (its --keep), or drop the key")
+    if c.keep_last is not None and not isinstance(c.complete, str):
+        raise _error(src, "command.keep_last", "a pointer names one checkpoint, not the set retention keeps",
+                     "give command.complete as a glob of the checkpoints (\"step_*.pt\"), or drop keep_last")
     _check_complete(src, c.complete)
     armed = auto.armed_points(auto.PATCH_POINTS)
     for i, f in enumerate(s.faults):

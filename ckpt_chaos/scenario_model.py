@@ -220,6 +220,9 @@ class Command:
     """Variables set for it (placeholders too): TMPDIR = "{run_dir}/tmp"."""
     save_every: int | None = None
     """Steps between its checkpoints: the bound on lost work."""
+    keep_last: int | None = None
+    """Its retention: how many of its newest complete checkpoints it keeps (None: it declares none, and
+    retention is not checked)."""
     digest_every: int = 0
     """Steps between digests of the model and optimizer state (0: around saves and at exit)."""
     requires: list[str] = field(default_factory=list)

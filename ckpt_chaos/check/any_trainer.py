@@ -12,7 +12,9 @@ counts as a complete checkpoint (``command.complete``, listed at the end of ever
 * ``trajectory``: every step of the golden run, bit for bit (or within ``expect.rel_tol``), with a
   diagnosis of the first divergent step: which recorded part differs (samples, learning rate, loss)
   and, for the first step after a resume, which part of the state the step started from differs
-  from the golden run's at the same step (model, optimizer, RNG).
+  from the golden run's at the same step (model, optimizer, RNG);
+* ``retention`` (where ``command.keep_last`` declares it): the newest K checkpoints it wrote are kept
+  at the end, no more and no fewer (``promises.command_retention``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ckpt_chaos.check.checks import _faults_fired, _harness_health, sample_shift
 from ckpt_chaos.check.verdict import Report, Run
 from ckpt_chaos.check.evidence import Evidence, Resume
 from ckpt_chaos.check.history import Exited, read_jsonl, step_loss
+from ckpt_chaos.check.promises import command_retention
 from ckpt_chaos.scenario import Scenario
 
 EXACT = ("loss_hex", "lr_hex", "samples", "model_digest", "optimizer_digest")
@@ -44,6 +47,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     for launch in run.launches()[1:]:
         _resume(run, ev, report, launch)
     _trajectory(run, ev, report, gold, got)
+    command_retention(run, ev, report)
     return report
 
 

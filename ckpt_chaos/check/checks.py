@@ -20,6 +20,7 @@ from pathlib import Path
 from ckpt_chaos.check.expected import harness_relaunch, relaunched, resumed
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, final_state, launch_logs,
                                      trajectory, trainer_events)
+from ckpt_chaos.check.promises import committed_kept, final_directory, refused_keys
 from ckpt_chaos.check.timings import detection_timings, reported_timings
 from ckpt_chaos.check.verdict import CheckSpec, Report, Run, first_few
 from ckpt_chaos.faults.kind import FaultKind
@@ -411,11 +412,12 @@ def _config_changes(run: Run, report: Report) -> None:
     non-zero before loading anything, says which key, and leaves the checkpoints as they were; a
     relaunch that changed only other keys resumes."""
     logs = launch_logs(run.dir) or {}
+    must_refuse = refused_keys(run.s)  # the scenario's expect.refused, and what the trainer declares
     for n, change in enumerate(run.s.recovery.changes, 1):
         ex, before = run.exit_of(n), run.exit_of(n - 1)
         if ex is None:
             continue
-        refused = sorted(k for k in change if k in run.s.expect.refused)
+        refused = sorted(k for k in change if k in must_refuse)
         what = ", ".join(f"{k} = {v!r}" for k, v in change.items())
         loads = run.trainer("loaded", n)
         if not refused:
@@ -678,59 +680,6 @@ def _lost_work(run: Run, report: Report) -> None:
     report.steps_lost = total if report.launches > 1 else 0
 
 
-def _final_directory(run: Run, report: Report) -> None:
-    exits = run.records(Exited)
-    if not exits or exits[-1].rc != 0:
-        return
-    snap = exits[-1].snapshot
-    report.add("no_strays", not snap["strays"], "no temporary, trash or other hidden directories left"
-               if not snap["strays"] else f"left behind after recovery: {', '.join(snap['strays'])}")
-    keep_last = int(run.s.trainer.get("keep_last", 3))
-    keep_every = int(run.s.trainer.get("keep_every", 0) or 0)
-    keep_best = bool(run.s.trainer.get("keep_best", False))
-    names = sorted(snap["checkpoints"])
-    from ckpt_chaos.probe.layout import parse_name
-
-    def milestone(n: str) -> bool:
-        step, micro = parse_name(n)
-        return keep_every > 0 and micro == 0 and step % keep_every == 0
-
-    others = [n for n in names if not milestone(n)]
-    allowed = keep_last + (1 if keep_best else 0)
-    ok = len(others) <= allowed and (not names or snap["newest_valid"] == names[-1])
-    report.add("retention", ok, f"{len(names)} checkpoint(s) kept, {len(others)} outside milestones (limit {allowed})"
-               if ok else f"kept {names}: more than keep_last={keep_last} outside milestones, or the newest is invalid")
-    if keep_every or keep_best:
-        _retention_kept(run, report, snap, milestone, keep_best)
-
-
-def _retention_kept(run: Run, report: Report, snap: dict, milestone, keep_best: bool) -> None:
-    """What retention promises to keep is there at the end, across every launch: each milestone
-    committed (``keep_every``) and the committed checkpoint with the lowest loss (``keep_best``).
-    A checkpoint a fault damaged on purpose, or one the resume rejected, is not retention's to keep."""
-    committed = {e["name"]: e for e in run.trainer("committed")}
-    damaged = {h.detail.get("checkpoint") for h in run.faults() if _spec(run, h).damages}
-    rejected = {e["name"] for e in run.trainer("ckpt_rejected")}
-    kept = {n for n, why in snap["checkpoints"].items() if why is None}
-    owed = {n: "a milestone" for n in committed if milestone(n)}
-    scored = {n: e["loss"] for n, e in committed.items() if e.get("loss") is not None}
-    if keep_best and scored:
-        best = min(scored, key=lambda n: (scored[n], n))
-        owed[best] = f"the lowest loss committed ({scored[best]:.4f})"
-    out_of_reach = {n for n in owed if n in damaged or n in rejected}
-    missing = {n: why for n, why in owed.items() if n not in kept and n not in out_of_reach}
-    if not owed:
-        report.add("retention_kept", "unknown", "no milestone or scored checkpoint was committed: nothing to hold")
-    elif missing:
-        deleted = {n for r in run.trainer("retention") for n in r.get("deleted", [])}
-        report.add("retention_kept", False, "; ".join(
-            f"{n}, {why}, is not kept{' (retention deleted it)' if n in deleted else ''}"
-            for n, why in sorted(missing.items())) + f"; kept: {', '.join(sorted(kept)) or 'nothing'}")
-    else:
-        report.add("retention_kept", True, "kept " + ", ".join(f"{n} ({why})" for n, why in sorted(owed.items())
-                                                              if n not in out_of_reach))
-
-
 # ---- the checks, declared ---------------------------------------------------------------------------
 
 def _always(s: Scenario) -> bool:
@@ -768,10 +717,10 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("resumed_newest_valid", harness_relaunch, _resume_choice),
     CheckSpec("never_loaded_torn", lambda s: harness_relaunch(s) and s.expect.resume_from is not None,
               _resume_choice),
-    CheckSpec("config_accepted", lambda s: relaunched(s) and any(not any(k in s.expect.refused for k in c)
+    CheckSpec("config_accepted", lambda s: relaunched(s) and any(not set(c) & refused_keys(s)
                                                                  for c in s.recovery.changes if c), _config_changes),
-    CheckSpec("config_refused", lambda s: relaunched(s) and any(k in s.expect.refused for c in s.recovery.changes
-                                                                for k in c), _config_changes),
+    CheckSpec("config_refused", lambda s: relaunched(s) and any(set(c) & refused_keys(s) for c in s.recovery.changes),
+              _config_changes),
     CheckSpec("cadence", lambda s: s.trainer.get("ckpt_every_steps") is not None, _cadence),
     # n/a where a fault damaged the checkpoint `latest` names; none where the disk is gone with it
     CheckSpec("latest_valid", lambda s: resumed(s) and not any(f.spec.damages or f.spec.loses_disk
@@ -787,10 +736,11 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("upload_backoff", lambda s: _remote(s) and any(f.spec.on_link for f in s.faults), _remote_tier),
     CheckSpec("upload_stall", _remote, _remote_tier),
     CheckSpec("lost_work", lambda s: relaunched(s) and _lost_work_limit(s), _lost_work),
-    CheckSpec("no_strays", _always, _final_directory),
-    CheckSpec("retention", _always, _final_directory),
+    CheckSpec("no_strays", _always, final_directory),
+    CheckSpec("retention", _always, final_directory),  # promises.py: exactly what the declared policy keeps
     CheckSpec("retention_kept", lambda s: bool(s.trainer.get("keep_every") or s.trainer.get("keep_best")),
-              _final_directory),
+              final_directory),
+    CheckSpec("committed_kept", _always, committed_kept),
     CheckSpec("detected_in_time", lambda s: s.expect.detect_within_s is not None and relaunched(s),
               detection_timings),
     CheckSpec("reported_timings", _always, reported_timings),  # every catalogue run trains a step and times it

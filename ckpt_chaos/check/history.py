@@ -294,12 +294,13 @@ def of(records: list[Record], cls: type[R], launch: int | None = None) -> list[R
 
 def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:
     """What a resume would find in a checkpoint directory right now, validated independently of the
-    trainer's own choice: each checkpoint and why it is invalid (None: valid), `latest`, strays."""
+    trainer's own choice: each checkpoint and why it is invalid (None: valid), `latest`, strays, and
+    what was kept aside in ``rejected/`` with the reason noted beside it (None: no note)."""
     from ckpt_chaos.probe.layout import LATEST, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, validate
 
     root = Path(root)
     if not root.is_dir():
-        return {"checkpoints": {}, "latest": None, "strays": [], "newest_valid": None}
+        return {"checkpoints": {}, "latest": None, "strays": [], "newest_valid": None, "rejected": {}}
     ckpts = {p.name: validate(p, verify_checksums) or dcp_problem(p) for p in list_checkpoints(root)}
     latest_path = root / LATEST
     latest = latest_path.read_text().strip() if latest_path.is_file() else None
@@ -312,7 +313,25 @@ def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:
     writing = {f"{d}/{f.name}": f.stat().st_size for d in strays if d.startswith(TMP_PREFIX)
                for f in sorted((root / d).iterdir()) if f.is_file()}
     return {"checkpoints": ckpts, "latest": latest, "strays": strays,
-            "newest_valid": valid[0] if valid else None, "writing": writing}
+            "newest_valid": valid[0] if valid else None, "writing": writing, "rejected": kept_aside(root)}
+
+
+def kept_aside(root: Path) -> dict[str, str | None]:
+    """The checkpoints kept aside in a checkpoint directory's ``rejected/``, each with the reason noted
+    beside it (``REJECTED_BECAUSE``; None: no note)."""
+    from ckpt_chaos.probe.layout import REJECTED
+
+    aside = Path(root) / REJECTED
+    if not aside.is_dir():
+        return {}
+    out = {}
+    for p in sorted(aside.iterdir()):
+        if p.is_dir():
+            try:
+                out[p.name] = (p / "REJECTED_BECAUSE").read_text(errors="replace").strip()[:500] or None
+            except OSError:
+                out[p.name] = None
+    return out
 
 
 def dcp_problem(path: Path) -> str | None:
