@@ -167,6 +167,42 @@ def test_a_resume_that_refuses_a_change_of_cadence_is_caught(tmp_path, golden_ro
     assert "job_completed" in bad
 
 
+def test_retention_that_keeps_one_fewer_than_keep_last_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "kill-rank1-mid-shard-write.toml", "tests.planted.keeps_one_fewer")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert list(bad) == ["retention"], bad  # the newest survives every crash: nothing else notices
+    assert "a retention pass of launch 1 deleted step_00000004, one of the last 2 valid checkpoints keep_last=2 " \
+           "promises (step_00000008, step_00000004)" in bad["retention"]
+    assert "after launch 1 kept 1 of the last 2 valid checkpoints keep_last=2 promises: missing step_00000008" \
+           in bad["retention"]
+
+
+def test_a_resume_that_refuses_only_a_changed_learning_rate_is_caught(tmp_path, golden_root):
+    """The case generated from the trainer's declaration for the seed, a field that shapes the
+    trajectory, on relaunch-with-changed-lr-is-refused.toml (tests/test_promises.py runs every field's)."""
+    from ckpt_chaos.check.promises import relaunch_cases
+
+    cases, _ = relaunch_cases(load(SCENARIOS / "relaunch-with-changed-lr-is-refused.toml"))
+    case = next(c for c in cases if c.field == "seed")
+    r = run_scenario(dataclasses.replace(case.scenario, trainer_module="tests.planted.refuses_only_lr"), tmp_path,
+                     golden_root)
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "launch 1 changed seed = 2468, which a resume must refuse, but it exited with status 0" in bad[
+        "config_refused@1"], bad
+    assert "it resumed from step_00000004 at step 4" in bad["config_refused@1"]
+
+
+def test_a_checkpoint_rejected_on_load_and_deleted_instead_of_kept_aside_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "storage/corrupt-bitflip-in-shard.toml", "tests.planted.deletes_rejected")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert list(bad) == ["committed_kept"], bad  # the resume itself goes on from step 4 as it should
+    assert "step_00000008, committed by launch 0, was rejected on load (" in bad["committed_kept"]
+    assert "and is gone: not kept aside in rejected/ with its reason" in bad["committed_kept"]
+
+
 def test_a_time_cadence_lost_on_resume_is_caught_by_a_second_crash(tmp_path, golden_root):
     r = run(tmp_path, golden_root, "time-cadence-killed-twice.toml", "tests.planted.time_cadence_lost_on_resume")
     assert r.verdict == "fail"

@@ -25,9 +25,14 @@ def _retention_from_memory(self):
         keep |= {c for c in ckpts if ck.parse_name(c.name)[1] == 0
                  and ck.parse_name(c.name)[0] % self.cfg.keep_every == 0}
     keep |= {c for c in ckpts if self.cfg.keep_best and c.name == best}
+    deleted = [c.name for c in ckpts if c not in keep]
     for c in ckpts:
         if c not in keep:
             ck.remove_tree(c)
+    # reported as the trainer's own retention reports it: the one bug is what it keeps
+    ck.probe.point("ckpt.retention", deleted=deleted)
+    if deleted:
+        self.log("retention", deleted=deleted, kept=sorted(k.name for k in keep))
 
 
 ck.CheckpointManager._commit = _commit_remembering_best
