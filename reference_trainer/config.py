@@ -70,7 +70,7 @@ class TrainConfig:
     run_dir: str = "runs/default"
     digest_every: int = 0  # full model+optimizer digest in the trajectory every N steps (and last)
     stop_after_microbatches: int = 0  # save and exit cleanly after N micro-batches in total
-    threads: int = 1  # torch intra-op threads per rank (fixed: results depend on it)
+    threads: int = 1  # torch intra-op threads per rank: the kernels' reduction order, so the bits, depend on it
     device: str = "auto"  # auto | cpu | cuda
     collective_timeout_s: float = 60.0
     step_delay_s: float = 0.0  # simulated compute after each step (no effect on numerics): outlast a timeout
@@ -138,7 +138,7 @@ class TrainConfig:
 RESUMABLE_CHANGES = frozenset({
     "ckpt_dir", "ckpt_every_steps", "ckpt_every_seconds", "async_save", "keep_last", "keep_every",
     "keep_best", "verify_checksums", "manifest_format", "record_digests", "on_save_failure", "run_dir", "digest_every",
-    "stop_after_microbatches", "threads", "device", "collective_timeout_s", "preempt_grace_s",
+    "stop_after_microbatches", "device", "collective_timeout_s", "preempt_grace_s",
     "step_delay_s", "remote_url", "remote_endpoint", "remote_timeout_s", "remote_keep_last", "upload_retries",
     "upload_backoff_s", "upload_drain_s",
 })
