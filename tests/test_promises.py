@@ -72,6 +72,25 @@ def test_retention_passes_exactly_the_last_k_and_fails_one_more(tmp_path):
     assert "kept step_00000004 at the end, which no promise of keep_last=2 accounts for" in detail
 
 
+def test_one_too_many_kept_is_no_broken_promise_where_no_pruning_could_run_after_it(tmp_path):
+    """step_00000004 became one too many with step_00000012's commit, and the launch died right after it
+    (before its retention pass), and no later save succeeded: a trainer that prunes after each save
+    had no chance to delete it (found by the search: a power cut at a commit, then a full disk). Once
+    a pass could run after that commit and kept it, the promise is broken."""
+    events = [_commit(N4, 1.0), _commit(N8, 2.0), _commit(N12, 3.0),
+              {"event": "loaded", "attempt": 1, "name": N12, "step": 12, "t": 5.0},
+              {"event": "finished", "attempt": 1, "t": 6.0}]
+    exits = [Exited(t=3.5, launch=0, rc=-9, snapshot=_snap(N4, N8, N12)),
+             Exited(t=6.5, launch=1, rc=0, snapshot=_snap(N4, N8, N12))]
+    verdict, detail = _checks(_run(tmp_path, events, exits))["retention"]
+    assert verdict == "pass", detail
+    assert "step_00000004, which no retention pass had the chance to delete" in detail
+    events.insert(3, {"event": "retention", "attempt": 0, "t": 3.1, "deleted": []})
+    verdict, detail = _checks(_run(tmp_path, events, exits))["retention"]
+    assert verdict == "fail", detail
+    assert "kept step_00000004 at the end, which no promise of keep_last=2 accounts for" in detail
+
+
 def test_retention_counts_milestones_and_the_best_as_promised(tmp_path):
     trainer = {"keep_last": 1, "keep_every": 8}
     assert _retention(tmp_path, (N8, N12), trainer, deleted=((N4,), ()))[0] == "pass"

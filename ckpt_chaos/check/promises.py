@@ -161,6 +161,23 @@ def _owed_last(run: Run, until: float, keep_last: int) -> list[str]:
     return [n for n in _newest(held, keep_last) if not held[n].damaged]
 
 
+def _pruning_chances(run: Run) -> list[float]:
+    """When the trainer's retention could prune: a pass it reported (``retention``, or the probe's
+    ``ckpt.retention``), or a commit its launch outlived (it logged again after it): the reference
+    trainer and its kind prune right after a commit, in the same process."""
+    events = sorted(run.events, key=lambda e: e.get("t", 0))
+    outlived = [c.get("t", 0) for c in run.trainer("committed")
+                if any(e.get("attempt") == c.get("attempt") and e.get("t", 0) > c.get("t", 0) for e in events)]
+    return sorted([e.get("t", 0) for e in run.trainer("retention")]
+                  + [h.t for h in run.probes("ckpt.retention")] + outlived)
+
+
+def _pushed_out(ranked: dict[str, Commit], name: str, keep_last: int) -> float | None:
+    """When ``name`` left the newest ``keep_last``: the commit of the newer checkpoint that pushed it out."""
+    newer = sorted((c for n, c in ranked.items() if parse_name(n) > parse_name(name)), key=lambda c: parse_name(c.name))
+    return newer[keep_last - 1].t if keep_last >= 1 and len(newer) >= keep_last else None
+
+
 def _retention(run: Run, report: Report) -> None:
     problems: list[str] = []
     for e in run.trainer("retention"):
@@ -186,6 +203,7 @@ def _retention(run: Run, report: Report) -> None:
             problems.append(f"after launch {ex.launch} kept {len(last) - len(missing)} of the last {len(last)} valid "
                             f"checkpoints keep_last={p.keep_last} promises: missing {', '.join(missing)}")
     final = exits[-1] if exits and exits[-1].rc == 0 and run.trainer("finished") else None
+    excused: list[str] = []
     held = ledger(run)
     p = policy(run, max(held.values(), key=lambda c: c.t).launch) if held else None
     if final is not None and p is not None:
@@ -194,6 +212,14 @@ def _retention(run: Run, report: Report) -> None:
         promised |= _best(held) if p.keep_best else set()
         extra = sorted(n for n in final.snapshot["checkpoints"] if n not in promised
                        and not (n in ranked and ranked[n].damaged))
+        # Kept one too many is a broken promise only once retention had its chance: a crash between a
+        # commit and its pruning, then no save that succeeded, leaves the older one there, as any
+        # trainer that prunes after its saves would.
+        chances = _pruning_chances(run)
+        owed = [n for n in extra if n not in ranked or (out := _pushed_out(ranked, n, p.keep_last)) is None
+                or any(t >= out for t in chances)]
+        excused = [n for n in extra if n not in owed]
+        extra = owed
         if extra:
             problems.append(f"kept {', '.join(extra)} at the end, which no promise of {p} accounts for "
                             f"(it promises {', '.join(sorted(promised, key=parse_name)) or 'nothing'})")
@@ -207,6 +233,10 @@ def _retention(run: Run, report: Report) -> None:
                    "retention owes is not known")
     elif p is None:
         report.add("retention", True, "nothing committed, nothing kept")
+    elif excused:
+        report.add("retention", True, f"kept {', '.join(kept) or 'nothing'}: what {p} promises, and "
+                   f"{', '.join(excused)}, which no retention pass had the chance to delete (none ran after the "
+                   f"commit that made it one too many); the last {p.keep_last} valid at every retention pass and crash")
     else:
         report.add("retention", True, f"kept {', '.join(kept) or 'nothing'}: exactly what {p} promises, and the "
                    f"last {p.keep_last} valid at every retention pass and crash")
