@@ -497,7 +497,7 @@ def run_mutant(state: dict) -> dict:
     timeout = sum(state["deadlines"].get(n, 300.0) + SLACK_S for n in names)
     cmd = [_tool("ckpt-chaos"), "run", "-x", "--plots", "none", "--golden-dir", state["golden"],
            "--reports", str(reports), *names]
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPT_CHAOS_GOLDEN_TREE": state["pristine"]}
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPT_CHAOS_GOLDEN_TREE": state.get("golden_tree") or state["pristine"]}
     started = time.monotonic()
     with open(Path(state["work"]) / "runs.log", "ab") as log:
         log.write(f"\n== {file}:{','.join(map(str, lines))}: {shlex.join(cmd)}\n".encode())
@@ -806,7 +806,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     tree = work / "tree"
     _copy_tree(tree)
     state = {"pristine": str(ROOT), "work": str(work), "files": files, "golden": str(golden), "base": base,
-             "deadlines": _deadlines(), "keep_runs": args.keep_runs}
+             "deadlines": _deadlines(), "keep_runs": args.keep_runs,
+             "golden_tree": str(Path(args.golden_tree).resolve()) if args.golden_tree else None}
     (work / "state.json").write_text(json.dumps(state))
     # only a backstop: the test command stops the harness first (see run_mutant)
     backstop = sum(state["deadlines"].get(n, 300.0) + SLACK_S for n in base["walls"]) + 2 * SLACK_S
@@ -864,6 +865,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--operators", choices=sorted(OPERATOR_SETS), default="core",
                     help="cosmic-ray's own operators (core, the default), the checkpoint operators of "
                          "ckpt_chaos/mutation_operators.py (checkpoint), or both (all)")
+    ap.add_argument("--golden-tree", metavar="DIR",
+                    help="the tree whose trainer code keys the golden runs (default: this repository); for a "
+                         "--coverage-from baseline made before the trainer changed in a way that leaves its "
+                         "trajectory alone")
     ap.add_argument("--work", help=f"scratch folder (default: {WORK.relative_to(ROOT)}, "
                                    f"{WORK.relative_to(ROOT)}-OPERATORS for other operators)")
     ap.add_argument("--cache", default=str(CACHE), help="where verdicts are cached by the hash of the mutated file "
