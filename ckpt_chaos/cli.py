@@ -204,13 +204,13 @@ def _explore_options(c: argparse.ArgumentParser) -> None:
     c.add_argument("--no-database", action="store_true", help="do not replay or keep failing examples")
 
 
-def _positive(text: str) -> int:
+def _positive(text: str, want: str = "a whole number of 1 or more") -> int:
     try:
         n = int(text)
     except ValueError:
         n = 0
     if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 1 or more")
+        raise argparse.ArgumentTypeError(f"{text!r}: give {want}")
     return n
 
 
@@ -229,13 +229,7 @@ def _jobs(text: str) -> int:
         from ckpt_chaos.run.parallel import auto_jobs
 
         return auto_jobs()
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of scenarios at once (1 or more) or auto")
-    return n
+    return _positive(text, "a number of scenarios at once (1 or more) or auto")
 
 
 def main(argv: list[str] | None = None) -> int:
