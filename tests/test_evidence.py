@@ -150,3 +150,19 @@ def test_a_relaunch_whose_optimizer_counts_from_one_again_is_compared_from_its_c
     assert c["job_completed"].verdict == "pass", c["job_completed"].detail
     assert c["lost_work@1"].detail.startswith("4 step(s) trained again"), c["lost_work@1"].detail
     assert c["trajectory"].verdict == "pass", c["trajectory"].detail
+
+
+def test_a_checkpoints_step_is_taken_from_the_writers_own_times_not_the_recorders(stored, tmp_path):
+    """The file-event recorder stamps events when it reads them, which under load is after the
+    trainer's next step: the step a checkpoint holds comes from the probe layer's times where it saw
+    the write, so a late stamp does not make step_00000004.pt hold step 5."""
+    s = stored[0]
+    run, gold = _copy(stored, tmp_path)
+    step5 = next(json.loads(x)["t"] for x in (run / "trajectory.jsonl").read_text().splitlines()
+                 if json.loads(x)["step"] == 5 and json.loads(x).get("attempt", 0) == 0)
+    _rewrite(run / "files.jsonl", change=lambda r: {**r, "t": step5 + 0.01}
+             if r.get("launch") == 0 and "step_00000004" in r.get("path", "") else r)
+    ev = Evidence(Run.load(s, run, gold))
+    assert ev.saved_steps()["checkpoints/step_00000004.pt"] == 4, ev.saved_steps()
+    c = {c.name: c for c in any_trainer.check_run(s, run, gold).checks}
+    assert c["lost_work@1"].detail.startswith("4 step(s) trained again"), c["lost_work@1"].detail

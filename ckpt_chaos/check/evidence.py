@@ -166,7 +166,7 @@ class Evidence:
 
     def saved_steps(self) -> dict[str, int]:
         """Checkpoint -> the step whose state it holds: the last step a launch had trained when it last
-        wrote to that checkpoint (the trajectory's times against the file events')."""
+        wrote to that checkpoint (the trajectory's times against the write's)."""
         if self._saved is None:
             self._saved = self._saved_steps()
         return self._saved
@@ -176,20 +176,26 @@ class Evidence:
         for r in self.traj:
             if "t" in r:
                 by_launch.setdefault(r.get("attempt", 0), []).append((r["t"], r["step"]))
-        out: dict[str, int] = {}
-
-        def wrote(launch: int, t: float, path: str) -> None:
-            ckpt = self.checkpoint_of(path)
-            steps = [s for ts, s in by_launch.get(launch, []) if ts <= t]
-            if ckpt is not None and steps:
-                out[ckpt] = steps[-1]
-
+        # (launch, checkpoint) -> when that launch last finished writing it. The probe layer stamps a
+        # write in the writing process; the file-event recorder stamps a batch of events when it reads
+        # them, which can be after the trainer's next step: its time counts only where no probe saw it.
+        probed: dict[tuple[int, str], float] = {}
+        logged: dict[tuple[int, str], float] = {}
         for h in self.run.probes():
-            if h.point in DONE and "path" in h.info:
-                wrote(h.launch, h.t, h.info["path"])
+            ckpt = self.checkpoint_of(h.info.get("path", "")) if h.point in DONE and "path" in h.info else None
+            if ckpt is not None:
+                probed[h.launch, ckpt] = max(h.t, probed.get((h.launch, ckpt), h.t))
         for r in self.log:
             if (r.get("op") == "close" and r.get("wrote")) or r.get("op") in ("rename", "create"):
-                wrote(r.get("launch", 0), r.get("t", 0.0), r.get("path", ""))
+                ckpt = self.checkpoint_of(r.get("path", ""))
+                key = (r.get("launch", 0), ckpt)
+                if ckpt is not None:
+                    logged[key] = max(r.get("t", 0.0), logged.get(key, 0.0))
+        out: dict[str, int] = {}
+        for (launch, ckpt), t in sorted({**logged, **probed}.items()):  # a later launch's write wins
+            steps = [s for ts, s in by_launch.get(launch, []) if ts <= t]
+            if steps:
+                out[ckpt] = steps[-1]
         return out
 
     # ---- where a launch resumed from -------------------------------------------------------------------
