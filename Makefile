@@ -55,7 +55,7 @@ PYTEST := $(PY) -m pytest -n 2 --dist worksteal -p tests.timings
 # target runs again, as pytest's own do. TEST_TMP= (empty): pytest's default.
 TEST_TMP ?= $(shell [ "$$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $$4}')" -gt 4194304 ] 2>/dev/null \
   && echo /dev/shm/ckpt-chaos-$$(id -u)-$$(echo '$(CURDIR)' | md5sum | cut -c1-8))
-basetemp = $(if $(TEST_TMP),--basetemp=$(TEST_TMP)/$(1))
+basetemp = $(if $(TEST_TMP),--basetemp=$(TEST_TMP)-$(1))
 test: setup
 	$(PYTEST) -m "not nightly" $(call basetemp,test) --timings-json reports/timings/test.json tests toxiproxy_server/tests
 
