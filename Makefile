@@ -49,19 +49,12 @@ $(STAMP): pyproject.toml constraints.txt
 # phase's time and the slowest tests and files, and keep every test's time in reports/timings/
 # (test.json, test-full.json; the run before as *.prev.json, which the next run compares against).
 PYTEST := $(PY) -m pytest -n 2 --dist worksteal -p tests.timings
-# The tests' scratch (pytest's --basetemp, one folder per clone and target): on tmpfs (/dev/shm) where
-# it has 4 GiB free, else pytest's own under /tmp. The runs there write and fsync their checkpoints to
-# memory, which takes half a minute off make test here. The last run's folders stay until the
-# target runs again, as pytest's own do. TEST_TMP= (empty): pytest's default.
-TEST_TMP ?= $(shell [ "$$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $$4}')" -gt 4194304 ] 2>/dev/null \
-  && echo /dev/shm/ckpt-chaos-$$(id -u)-$$(echo '$(CURDIR)' | md5sum | cut -c1-8))
-basetemp = $(if $(TEST_TMP),--basetemp=$(TEST_TMP)-$(1))
 test: setup
-	$(PYTEST) -m "not nightly" $(call basetemp,test) --timings-json reports/timings/test.json tests toxiproxy_server/tests
+	$(PYTEST) -m "not nightly" --timings-json reports/timings/test.json tests toxiproxy_server/tests
 
 .PHONY: test-full
 test-full: setup
-	$(PYTEST) $(call basetemp,test-full) --timings-json reports/timings/test-full.json tests toxiproxy_server/tests
+	$(PYTEST) --timings-json reports/timings/test-full.json tests toxiproxy_server/tests
 
 # Coverage of ckpt_chaos/ under make test's selection, lines and branches, in every process the
 # tests start (coverage.py's .pth; tests/coverage.ini), each line tagged with the test that reached
@@ -73,8 +66,7 @@ COV_DIR := $(CURDIR)/reports/coverage
 test-coverage: setup
 	rm -rf $(COV_DIR)/test $(COV_DIR)/test-html && mkdir -p $(COV_DIR)/test
 	-COVERAGE_FILE=$(COV_DIR)/test/.coverage COVERAGE_PROCESS_START=$(CURDIR)/tests/coverage.ini \
-	  $(PYTEST) -p tests.coverage_contexts -m "not nightly" $(call basetemp,test-coverage) \
-	  --timings-json reports/timings/test-coverage.json \
+	  $(PYTEST) -p tests.coverage_contexts -m "not nightly" --timings-json reports/timings/test-coverage.json \
 	  tests toxiproxy_server/tests
 	cd $(COV_DIR)/test && COVERAGE_FILE=.coverage $(CURDIR)/$(PY) -m coverage combine --quiet --rcfile $(CURDIR)/tests/coverage.ini .
 	COVERAGE_FILE=$(COV_DIR)/test/.coverage $(PY) -m coverage json --quiet --rcfile tests/coverage.ini -o $(COV_DIR)/test.json
