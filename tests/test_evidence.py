@@ -166,3 +166,23 @@ def test_a_checkpoints_step_is_taken_from_the_writers_own_times_not_the_recorder
     assert ev.saved_steps()["checkpoints/step_00000004.pt"] == 4, ev.saved_steps()
     c = {c.name: c for c in any_trainer.check_run(s, run, gold).checks}
     assert c["lost_work@1"].detail.startswith("4 step(s) trained again"), c["lost_work@1"].detail
+
+
+def test_reads_the_recorder_stamped_late_still_count_as_the_relaunchs_load(stored, tmp_path):
+    """Where no load point was seen, the files fanotify saw a relaunch open before it first wrote say
+    where it resumed from. The recorder stamps its events late, after the trainer's own probe has
+    stamped the relaunch's first write: each source's reads are held to that source's first write."""
+    s = stored[0]
+    run, gold = _copy(stored, tmp_path)
+    _no_points("load.begin", "load.end", "file.read")(run, gold)
+    history = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines()]
+    first_write = min(h["t"] for h in history if h.get("launch") == 1 and h.get("kind") in LAYER_FILES
+                      and h.get("kind") != "file.read" and "checkpoints/" in str(h.get("info", {}).get("path")))
+    events = [json.loads(x) for x in (run / "files.jsonl").read_text().splitlines()]
+    first_open = min(r["t"] for r in events if r.get("launch") == 1 and r.get("op") == "open"
+                     and "step_00000004" in r.get("path", ""))
+    lag = first_write - first_open + 0.05  # the recorder read launch 1's events this much late
+    _rewrite(run / "files.jsonl", change=lambda r: {**r, "t": r["t"] + lag} if r.get("launch") == 1 else r)
+    r = Evidence(Run.load(s, run, gold)).resumed_from(1)
+    assert r.decided and r.checkpoint == "checkpoints/step_00000004.pt", r
+    assert "fanotify saw it open checkpoints/step_00000004.pt" in r.how, r

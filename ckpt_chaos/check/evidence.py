@@ -125,16 +125,22 @@ class Evidence:
         return reads, first_write
 
     def reads(self, launch: int) -> list[Read]:
-        """The checkpoint-folder files the launch opened to read before it first wrote there."""
-        reads, first_write = self._file_ops(launch)
+        """The checkpoint-folder files the launch opened to read before it first wrote there.
+
+        Each source's reads are held to its own first write: the file-event recorder stamps events
+        when it reads them, later than the process's own probes stamp theirs, so a read it saw
+        before a write can bear a later time than the probe's record of that write."""
+        logged, logged_write = self._file_ops(launch)
         probes = [h for h in self.run.probes() if h.launch == launch]
         writes = [h.t for h in probes if h.point in WRITES and str(h.info.get("path", "")).startswith(self.ckpt + "/")]
-        if writes:
-            first_write = min(writes) if first_write is None else min(first_write, min(writes))
-        reads += [Read(h.info["path"], "probe layer" if h.point == "file.read" else "faultfs", h.t, h.info.get("size"))
+        probed_write = min(writes) if writes else logged_write
+        probed = [Read(h.info["path"], "probe layer" if h.point == "file.read" else "faultfs", h.t, h.info.get("size"))
                   for h in probes if h.point in ("file.read", "faultfs.open")
                   and str(h.info.get("path", "")).startswith(self.ckpt + "/")]
-        return sorted((r for r in reads if first_write is None or r.t <= first_write), key=lambda r: r.t)
+        if logged_write is None:
+            logged_write = probed_write
+        return sorted([r for r in logged if logged_write is None or r.t <= logged_write]
+                      + [r for r in probed if probed_write is None or r.t <= probed_write], key=lambda r: r.t)
 
     def first_step(self, launch: int) -> int | None:
         steps = [r["step"] for r in self.traj if r.get("attempt", 0) == launch]
