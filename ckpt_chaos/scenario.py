@@ -16,8 +16,8 @@ from ckpt_chaos.faults.registry import KINDS, Invalid
 from ckpt_chaos.faults.targets import target_ranks
 from ckpt_chaos.probe import auto
 from ckpt_chaos.scenario_model import (AUTO_POINTS, BACKENDS, CHOICE_NAMES, EXTERNAL_POINTS, FAMILIES, FAULT_KINDS,
-                                       FULL_SUITE, GENERIC_KEYS, PATH_POINTS, PLACEHOLDERS, Cluster, Command, Expect,
-                                       Fault, Recovery, Remote, Scenario, Storage, Trigger)
+                                       FULL_SUITE, GENERIC_KEYS, PATH_POINTS, PLACEHOLDERS, CHANGE_PLACEHOLDERS, Cluster,
+                                       Command, Expect, Fault, Recovery, Remote, Scenario, Storage, Trigger)
 
 __all__ = ["AUTO_POINTS", "BACKENDS", "EXTERNAL_POINTS", "FAMILIES", "FAULT_KINDS", "FULL_SUITE", "PATH_POINTS",
            "Cluster", "Command", "Expect", "Fault", "Recovery", "Remote", "Scenario", "ScenarioError", "Storage",
@@ -254,7 +254,7 @@ def validate(s: Scenario) -> None:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
     _check_changes(s)
-    if s.trainer_module == "reference_trainer" or s.trainer_module.startswith("tests.planted."):
+    if s.command is None and (s.trainer_module == "reference_trainer" or s.trainer_module.startswith("tests.planted.")):
         _check_trainer_table(src, "trainer", s.trainer, s)
         for i, change in enumerate(s.recovery.changes):
             _check_trainer_table(src, f"recovery.changes[{i}]", {**s.trainer, **change}, s, change)
@@ -284,9 +284,12 @@ def _check_trainer_table(src: str, key: str, table: dict[str, Any], s: Scenario,
 
 def _check_changes(s: Scenario) -> None:
     src, changes = s.source, s.recovery.changes
-    if changes and s.command is not None:
-        raise _error(src, "recovery.changes", "a [command] trainer's relaunch is changed by its own argv",
-                     "use command.relaunch_argv")
+    if s.command is not None:
+        for i, change in enumerate(changes):
+            bad = next((k for k, v in change.items() if not isinstance(v, (str, int, float, bool))), None)
+            if bad is not None:
+                raise _error(src, f"recovery.changes[{i}].{bad}", f"{change[bad]!r} cannot go on a command line",
+                             "give a string, number or boolean")
     if changes and (s.recovery.relaunch != "harness" or s.cluster.backend == "slurm"):
         raise _error(src, "recovery.changes", "only a relaunch by the harness can change the configuration",
                      "use relaunch = \"harness\" on a backend other than slurm")
@@ -323,17 +326,22 @@ def _check_command(s: Scenario) -> None:
     bad_env = [k for k, v in c.env.items() if not isinstance(v, str)]
     if bad_env:
         raise _error(src, f"command.env.{bad_env[0]}", f"not a string: {c.env[bad_env[0]]!r}", "quote the value")
-    for key, args in (("command.argv", c.argv), ("command.relaunch_argv", c.relaunch_argv),
-                      ("command.env", list(c.env.values()))):
+    for key, args, allowed in (("command.argv", c.argv, PLACEHOLDERS),
+                               ("command.relaunch_argv", c.relaunch_argv, PLACEHOLDERS),
+                               ("command.change_argv", c.change_argv, PLACEHOLDERS + CHANGE_PLACEHOLDERS),
+                               ("command.env", list(c.env.values()), PLACEHOLDERS)):
         for arg in args:
             try:
                 names = [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
             except ValueError as e:
                 raise _error(src, key, f"{arg!r}: {e}", "write a literal brace as {{ or }}") from None
-            bad = [n for n in names if n not in PLACEHOLDERS]
+            bad = [n for n in names if n not in allowed]
             if bad:
                 raise _error(src, key, f"unknown placeholder {{{bad[0]}}} in {arg!r}",
-                             f"allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+                             f"allowed: {', '.join('{' + p + '}' for p in allowed)}")
+    if s.recovery.changes and not any("{key}" in a for a in c.change_argv):
+        raise _error(src, "command.change_argv", f"{c.change_argv!r} does not name the changed key",
+                     "put {key} and {value} in it: [\"--{key}={value}\"]")
     if not s.probe:
         raise _error(src, "probe", "a [command] trainer is driven by the automatic probe layer", "use probe = true")
     if s.cluster.multi_node or s.remote is not None:

@@ -51,6 +51,7 @@ GENERIC_KEYS = ("kind", "when", "target", "attempt")  # every fault's keys; the 
 # every suite: the nightly run takes it, CI the smaller "default".
 FULL_SUITE = "full"
 PLACEHOLDERS = ("python", "run_dir", "ckpt_dir", "world_size", "attempt")  # of Command.argv, relaunch_argv, env
+CHANGE_PLACEHOLDERS = ("key", "value")  # of Command.change_argv, besides PLACEHOLDERS
 
 
 @dataclass
@@ -206,6 +207,9 @@ class Command:
     """torchrun (the harness starts world_size ranks) | self (argv starts its own ranks)."""
     relaunch_argv: list[str] = field(default_factory=list)
     """Added to argv on every relaunch (--ckpt-path last)."""
+    change_argv: list[str] = field(default_factory=lambda: ["--{key}={value}"])
+    """How a relaunch passes each key of its recovery.changes table, after argv and relaunch_argv:
+    these arguments with {key} and {value} filled in (["--{key}", "{value}"] for two words)."""
     ckpt_dir: str = "checkpoints"
     """Where it writes checkpoints, relative to the run directory."""
     watch: list[str] = field(default_factory=list)
@@ -241,7 +245,8 @@ class Recovery:
     """The world size of relaunches (None: unchanged)."""
     changes: list[dict[str, Any]] = field(default_factory=list)
     """Trainer keys an operator changes before each relaunch (the first table: the first relaunch);
-    a relaunch past the list runs the scenario's own [trainer] again. Reference trainer only."""
+    a relaunch past the list runs the scenario's own [trainer] again. A [command] trainer gets them
+    on its command line (command.change_argv), its keys spelled as its options are."""
 
 
 @dataclass

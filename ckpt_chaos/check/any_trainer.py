@@ -14,7 +14,11 @@ counts as a complete checkpoint (``command.complete``, listed at the end of ever
   and, for the first step after a resume, which part of the state the step started from differs
   from the golden run's at the same step (model, optimizer, RNG);
 * ``retention`` (where ``command.keep_last`` declares it): the newest K checkpoints it wrote are kept
-  at the end, no more and no fewer (``promises.command_retention``).
+  at the end, no more and no fewer (``promises.command_retention``);
+* ``config_refused@N`` / ``config_accepted@N`` (where ``recovery.changes`` changes its options): a
+  relaunch given an option ``expect.refused`` names exits non-zero without training a step, names
+  the option in its output and leaves its complete checkpoints as they were; one given only other
+  options resumes from a checkpoint and trains.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 from ckpt_chaos.check.checks import _faults_fired, _harness_health, sample_shift
 from ckpt_chaos.check.verdict import Report, Run
 from ckpt_chaos.check.evidence import Evidence, Resume
-from ckpt_chaos.check.history import Exited, read_jsonl, step_loss
+from ckpt_chaos.check.history import Exited, launch_logs, named, read_jsonl, step_loss
 from ckpt_chaos.check.promises import command_retention
 from ckpt_chaos.scenario import Scenario
 
@@ -48,7 +52,59 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
         _resume(run, ev, report, launch)
     _trajectory(run, ev, report, gold, got)
     command_retention(run, ev, report)
+    _config_changes(run, ev, report)
     return report
+
+
+def _config_changes(run: Run, ev: Evidence, report: Report) -> None:
+    """What each relaunch given changed options (``recovery.changes``) did with them: those named in
+    ``expect.refused`` refused, the others taken."""
+    logs = launch_logs(run.dir) or {}
+    for n, change in enumerate(run.s.recovery.changes, 1):
+        ex, before = run.exit_of(n), run.exit_of(n - 1)
+        if ex is None or not change:
+            continue
+        what = ", ".join(f"{k} = {v!r}" for k, v in change.items())
+        refused = sorted(k for k in change if k in run.s.expect.refused)
+        trained = ev.trained(n)
+        if not refused:
+            r = ev.resumed_from(n)
+            if not trained:
+                report.add("config_accepted", False, at=n, detail=f"launch {n} changed only {what}, which a resume may "
+                           f"change, but it trained no step (exit status {ex.rc}); see its part of torchrun.log")
+            elif not r.decided:
+                report.add("config_accepted", "unknown", at=n, detail=f"launch {n} changed {what} and trained from "
+                           f"step {trained[0]}, but where it resumed from is not known: {r.missing}")
+            else:
+                report.add("config_accepted", r.checkpoint is not None, at=n, detail=
+                           f"launch {n} changed {what} and resumed from {r.checkpoint} ({r.how})" if r.checkpoint else
+                           f"launch {n} changed {what}, which a resume may change, but it started over ({r.how})")
+            continue
+        problems = []
+        if ex.rc == 0 or ex.rc is None:
+            problems.append(f"it exited with status {ex.rc}")
+        if trained:
+            problems.append(f"it trained steps {trained[0]} to {trained[-1]}")
+        if n not in logs:
+            problems.append("its part of torchrun.log could not be told apart")
+        elif not named(logs[n], refused):
+            problems.append(f"its output names none of {', '.join(refused)}")
+        untouched = None if before is None or before.complete is None or ex.complete is None else \
+            before.complete == ex.complete
+        if untouched is False:
+            problems.append(f"its complete checkpoints changed: {sorted(before.complete)} before it, "
+                            f"{sorted(ex.complete)} after it")
+        if problems:
+            report.add("config_refused", False, at=n, detail=f"launch {n} changed {what}, which a resume must "
+                       "refuse, but " + "; ".join(problems))
+        elif untouched is None:
+            report.add("config_refused", "unknown", at=n, detail=f"launch {n} changed {what} and exited {ex.rc} "
+                       f"naming {', '.join(refused)} without training, but what was complete around it was not "
+                       "recorded, so whether it left the checkpoints as they were is not known")
+        else:
+            report.add("config_refused", True, at=n, detail=f"launch {n} changed {what} and was refused: it exited "
+                       f"{ex.rc} naming {', '.join(refused)} without training a step, its complete checkpoints "
+                       "as they were")
 
 
 def _unfired_loads(run: Run, ev: Evidence, report: Report) -> None:

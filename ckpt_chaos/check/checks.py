@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from ckpt_chaos.check.expected import harness_relaunch, relaunched, resumed
-from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, final_state, launch_logs,
+from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, final_state, launch_logs, named,
                                      trajectory, trainer_events)
 from ckpt_chaos.check.promises import committed_kept, final_directory, refused_keys
 from ckpt_chaos.check.timings import detection_timings, reported_timings
@@ -432,7 +432,9 @@ def _config_changes(run: Run, report: Report) -> None:
             problems.append(f"it exited with status {ex.rc}")
         if loads:
             problems.append(f"it resumed from {loads[0]['name']} at step {loads[0]['step']}")
-        if not any(k in logs.get(n, "") for k in refused):
+        if n not in logs:
+            problems.append("its part of torchrun.log could not be told apart")
+        elif not named(logs[n], refused):
             problems.append(f"its output names none of {', '.join(refused)}")
         if before is not None and ex.snapshot["checkpoints"] != before.snapshot["checkpoints"]:
             problems.append(f"the checkpoints changed: {sorted(before.snapshot['checkpoints'])} before it, "

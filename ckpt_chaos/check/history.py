@@ -287,6 +287,14 @@ def launch_logs(run_dir: Path, history: list[Record] | None = None) -> dict[int,
     return dict(zip(launches, parts)) if len(parts) == len(launches) else None
 
 
+def named(part: str, keys: list[str]) -> list[str]:
+    """The keys a launch's part of ``torchrun.log`` (``launch_logs``) names as words, in what the job
+    printed: its first line, the harness's echo of the command line, carries every option it was
+    given and is left out."""
+    printed = part.split("\n", 1)[1] if "\n" in part else ""
+    return [k for k in keys if re.search(rf"\b{re.escape(k)}\b", printed)]
+
+
 def of(records: list[Record], cls: type[R], launch: int | None = None) -> list[R]:
     """The records of one type (of one launch)."""
     return [r for r in records if isinstance(r, cls) and (launch is None or getattr(r, "launch", None) == launch)]

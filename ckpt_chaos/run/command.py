@@ -56,9 +56,16 @@ def _values(s: Scenario, run_dir: Path, attempt: int, world_size: int) -> dict[s
 
 
 def argv(s: Scenario, run_dir: Path, attempt: int, world_size: int) -> list[str]:
+    """The launch's command line: argv, then on a relaunch relaunch_argv and each key the relaunch's
+    recovery.changes table changes (command.change_argv)."""
     c = s.command
-    args = c.argv + (c.relaunch_argv if attempt > 0 else [])
-    return [a.format(**_values(s, run_dir, attempt, world_size)) for a in args]
+    values = _values(s, run_dir, attempt, world_size)
+    args = [a.format(**values) for a in c.argv + (c.relaunch_argv if attempt > 0 else [])]
+    change = s.recovery.changes[attempt - 1] if 0 < attempt <= len(s.recovery.changes) else {}
+    for key, value in change.items():
+        args += [a.format(**values, key=key, value=str(value).lower() if isinstance(value, bool) else value)
+                 for a in c.change_argv]
+    return args
 
 
 def environment(s: Scenario, run_dir: Path, attempt: int, world_size: int) -> dict[str, str]:
