@@ -216,9 +216,13 @@ def test_on_faultfs_the_mount_is_watched_and_the_recorders_opens_are_not_the_job
     out = records(run)
     assert out[0]["source"] == "fanotify-mount" and out[0]["roots"] == ["checkpoints"]
     path = "checkpoints/model.safetensors"
-    assert [(r["op"], r.get("wrote"), r.get("size"), r["source"], r["job"], r["rank"])
-            for r in out if r.get("pid") == writer.pid and r["path"] == path] == \
-        [("open", None, None, "fanotify-mount", True, 0), ("close", True, 4096, "fanotify-mount", True, 0),
-         ("open", None, None, "fanotify-mount", True, 0), ("close", False, 4096, "fanotify-mount", True, 0)]
+    got = [(r["op"], r.get("wrote"), r.get("size"), r["source"], r["job"], r["rank"])
+           for r in out if r.get("pid") == writer.pid and r["path"] == path]
+    assert [g for g in got if g[0] == "close"] == [("close", True, 4096, "fanotify-mount", True, 0),
+                                                   ("close", False, 4096, "fanotify-mount", True, 0)], got
+    # The kernel merges an event into one of the same kind, file and process still queued: when the
+    # recorder reads late, the second open is folded into the first (the close says it was a read).
+    assert got[0] == ("open", None, None, "fanotify-mount", True, 0), got
+    assert [g for g in got if g[0] == "open"] in ([got[0]], [got[0]] * 2), got
     # the job's one open and one create; the recorder's four opens of the same file are not counted
     assert calls.get("open", 0) == 1 and calls.get("create", 0) == 1
