@@ -52,10 +52,17 @@ def log(run_dir: Path) -> str:
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
     """12 steps, a save every 4: the events and records of a fault-free run."""
-    run_dir = tmp_path_factory.mktemp("plain")
-    rec = Recorder()
-    with ProbeServer(rec) as server:
-        rc = torchrun(run_dir, server, "--steps", "12")
+    from ckpt_chaos.env.launcher import native_crash
+
+    for attempt in (1, 2):
+        run_dir = tmp_path_factory.mktemp("plain")
+        rec = Recorder()
+        with ProbeServer(rec) as server:
+            rc = torchrun(run_dir, server, "--steps", "12")
+        # gloo now and then aborts a rank at exit ("terminate called without an active exception"):
+        # the harness runs such a launch again once (run_scenario), and so does this fixture
+        if rc == 0 or attempt == 2 or native_crash(run_dir / "torchrun.log") is None:
+            break
     assert rc == 0, log(run_dir)
     return run_dir, rec
 
