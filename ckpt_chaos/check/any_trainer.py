@@ -29,8 +29,8 @@ from pathlib import Path
 from ckpt_chaos.check.checks import _faults_fired, _harness_health, sample_shift
 from ckpt_chaos.check.verdict import Report, Run
 from ckpt_chaos.check.evidence import Evidence, Resume
-from ckpt_chaos.check.history import Exited, launch_logs, named, read_jsonl, step_loss
-from ckpt_chaos.check.promises import command_retention
+from ckpt_chaos.check.history import Exited, launch_logs, read_jsonl, step_loss
+from ckpt_chaos.check.promises import command_retention, refusal_problems
 from ckpt_chaos.scenario import Scenario
 
 EXACT = ("loss_hex", "lr_hex", "samples", "model_digest", "optimizer_digest")
@@ -80,15 +80,8 @@ def _config_changes(run: Run, ev: Evidence, report: Report) -> None:
                            f"launch {n} changed {what} and resumed from {r.checkpoint} ({r.how})" if r.checkpoint else
                            f"launch {n} changed {what}, which a resume may change, but it started over ({r.how})")
             continue
-        problems = []
-        if ex.rc == 0 or ex.rc is None:
-            problems.append(f"it exited with status {ex.rc}")
-        if trained:
-            problems.append(f"it trained steps {trained[0]} to {trained[-1]}")
-        if n not in logs:
-            problems.append("its part of torchrun.log could not be told apart")
-        elif not named(logs[n], refused):
-            problems.append(f"its output names none of {', '.join(refused)}")
+        problems = refusal_problems(ex.rc, [f"it trained steps {trained[0]} to {trained[-1]}"] if trained else [],
+                                    logs.get(n), refused)
         untouched = None if before is None or before.complete is None or ex.complete is None else \
             before.complete == ex.complete
         if untouched is False:

@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 
 from ckpt_chaos.check.expected import harness_relaunch, relaunched, resumed
-from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, final_state, launch_logs, named,
+from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, final_state, launch_logs,
                                      trajectory, trainer_events)
-from ckpt_chaos.check.promises import committed_kept, final_directory, refused_keys
+from ckpt_chaos.check.promises import committed_kept, final_directory, refused_keys, refusal_problems
 from ckpt_chaos.check.timings import detection_timings, reported_timings
 from ckpt_chaos.check.verdict import CheckSpec, Report, Run, first_few
 from ckpt_chaos.faults.kind import FaultKind
@@ -427,15 +427,8 @@ def _config_changes(run: Run, report: Report) -> None:
                        f"launch {n} changed only {what}, which a resume may change, but it loaded no checkpoint "
                        f"(exit status {ex.rc}); see its part of torchrun.log")
             continue
-        problems = []
-        if ex.rc == 0 or ex.rc is None:
-            problems.append(f"it exited with status {ex.rc}")
-        if loads:
-            problems.append(f"it resumed from {loads[0]['name']} at step {loads[0]['step']}")
-        if n not in logs:
-            problems.append("its part of torchrun.log could not be told apart")
-        elif not named(logs[n], refused):
-            problems.append(f"its output names none of {', '.join(refused)}")
+        problems = refusal_problems(ex.rc, [f"it resumed from {loads[0]['name']} at step {loads[0]['step']}"]
+                                    if loads else [], logs.get(n), refused)
         if before is not None and ex.snapshot["checkpoints"] != before.snapshot["checkpoints"]:
             problems.append(f"the checkpoints changed: {sorted(before.snapshot['checkpoints'])} before it, "
                             f"{sorted(ex.snapshot['checkpoints'])} after it")

@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ckpt_chaos.check.history import Exited, kept_aside
+from ckpt_chaos.check.history import Exited, kept_aside, named
 from ckpt_chaos.check.verdict import Report, Run, first_few
 from ckpt_chaos.probe.layout import parse_name
 
@@ -55,6 +55,19 @@ def refused_keys(s: Scenario) -> set[str]:
     """The keys a relaunch must refuse to change: the scenario's ``expect.refused`` and every field the
     trainer declares shapes the trajectory."""
     return set(s.expect.refused) | {k for k, refused in declared_fields(s).items() if refused}
+
+
+def refusal_problems(rc: int | None, instead: list[str], part: str | None, refused: list[str]) -> list[str]:
+    """What a relaunch that had to refuse ``refused`` did otherwise, for ``config_refused`` of either
+    checker: it exited 0 (or was killed), did ``instead`` (resumed, trained), or its part of
+    torchrun.log (``part``; None: not told apart) names none of the keys."""
+    problems = [f"it exited with status {rc}"] if rc == 0 or rc is None else []
+    problems += instead
+    if part is None:
+        problems.append("its part of torchrun.log could not be told apart")
+    elif not named(part, refused):
+        problems.append(f"its output names none of {', '.join(refused)}")
+    return problems
 
 
 @dataclass(frozen=True)
