@@ -48,7 +48,11 @@ $(STAMP): pyproject.toml constraints.txt
 # them, the planted bugs against more scenarios than the one that catches each. Both print each
 # phase's time and the slowest tests and files, and keep every test's time in reports/timings/
 # (test.json, test-full.json; the run before as *.prev.json, which the next run compares against).
-PYTEST := $(PY) -m pytest -n 2 --dist worksteal -p tests.timings
+# Four workers on two cores: many tests spend part of their time waiting on other processes (a grace
+# period, a requeue, a rank's exit), and with two workers the cores sat a quarter idle. Measured on
+# this machine (docs/benchmarks.md): 2 workers 9 min 31 s, 3 workers 8 min 14 s, 4 workers 7 min 59 s.
+TEST_WORKERS ?= 4
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -p tests.timings
 test: setup
 	$(PYTEST) -m "not nightly" --timings-json reports/timings/test.json tests toxiproxy_server/tests
 

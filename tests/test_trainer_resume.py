@@ -48,9 +48,11 @@ def test_stop_before_the_first_optimizer_step_resumes_bit_exact(golden, tmp_path
     assert final_state(tmp_path) == final_state(gold)
 
 
-def test_eager_optimizer_state_is_the_state_adamw_makes_at_its_first_step():
+@pytest.mark.parametrize("fused", [False, True], ids=["for-loop", "fused"])
+def test_eager_optimizer_state_is_the_state_adamw_makes_at_its_first_step(fused):
     """``init_optimizer_state`` changes nothing numerically (three steps bit-identical to a lazily
-    initialized AdamW), and torch's ``get_state_dict`` no longer fakes a step on it."""
+    initialized AdamW, fused as the reference trainer's or not), and torch's ``get_state_dict`` no
+    longer fakes a step on it."""
     import torch
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -59,7 +61,7 @@ def test_eager_optimizer_state_is_the_state_adamw_makes_at_its_first_step():
     def run(eager: bool):
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 3)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, fused=fused)
         if eager:
             init_optimizer_state(opt)
             _, sd = get_state_dict(model, opt)
