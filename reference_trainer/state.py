@@ -252,12 +252,72 @@ def _full_tensor(t: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)[:rows]
 
 
+def _row_sharded(t: Any) -> bool:
+    return (isinstance(t, DTensor) and t.device_mesh.ndim == 1
+            and all(p.is_shard() and p.dim == 0 for p in t.placements))
+
+
 def _gathered(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _gathered(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_gathered(v) for v in tree]
-    return _full_tensor(tree) if isinstance(tree, torch.Tensor) else tree
+    """``tree`` with every DTensor in it made whole, as ``_full_tensor`` makes one.
+
+    The dim-0-sharded ones travel in one ``all_gather`` per dtype, not one per tensor: on gloo
+    each collective is a round trip between every pair of ranks, and a model and its optimizer
+    state hold dozens of tensors. Every rank walks the same tree in the same order, so each packs
+    its padded pieces at the same offsets."""
+    batched: list[DTensor] = []
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if _row_sharded(x):
+            batched.append(x)
+            return _Pending(len(batched) - 1)
+        return _full_tensor(x) if isinstance(x, torch.Tensor) else x
+
+    shaped = walk(tree)
+    whole: list[torch.Tensor | None] = [None] * len(batched)
+    by_dtype: dict[tuple[torch.dtype, Any], list[int]] = {}
+    for i, t in enumerate(batched):
+        by_dtype.setdefault((t.dtype, t.device_mesh.get_group()), []).append(i)
+    for (dtype, group), members in by_dtype.items():
+        world = batched[members[0]].device_mesh.size()
+        pieces, spans = [], []
+        for i in members:
+            t = batched[i]
+            rows = t.shape[0]
+            chunk = -(-rows // world) if rows else 0
+            local = t.to_local().detach().contiguous()
+            padded = local.new_zeros((chunk, *t.shape[1:]))
+            padded[: local.shape[0]] = local
+            pieces.append(padded.reshape(-1))
+            spans.append((chunk, padded.numel()))
+        flat = torch.cat(pieces)
+        parts = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(parts, flat, group=group)
+        offset = 0
+        for i, (chunk, numel) in zip(members, spans):
+            t = batched[i]
+            rows = [part[offset:offset + numel].reshape(chunk, *t.shape[1:]) for part in parts]
+            whole[i] = torch.cat(rows)[: t.shape[0]]
+            offset += numel
+
+    def fill(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: fill(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [fill(v) for v in x]
+        return whole[x.index] if isinstance(x, _Pending) else x
+
+    return fill(shaped)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """Where a batched tensor goes back into the tree."""
+
+    index: int
 
 
 def _full_model_and_optimizer(ts: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -283,7 +343,7 @@ def component_digests(ts: TrainState) -> dict[str, str] | None:
     model_sd, optim_sd = _full_model_and_optimizer(ts)
     grads = None
     if ts.progress.micro:
-        grads = {n: _full_tensor(p.grad) for n, p in ts.model.named_parameters()}
+        grads = _gathered({n: p.grad for n, p in ts.model.named_parameters()})
     local = {"rng": digest(capture_rng()), "loader": digest(ts.loader.state_dict())}
     gathered: list[Any] = [None] * ts.world_size
     dist.all_gather_object(gathered, local)

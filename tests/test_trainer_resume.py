@@ -256,3 +256,43 @@ def test_incompatible_config_on_resume_names_the_field(tmp_path):
     assert train(tmp_path, stop_after_microbatches=8) == 0, log_tail(tmp_path)
     assert train(tmp_path, d_model=32) != 0
     assert "d_model: checkpoint has 64, this run has 32" in (tmp_path / "torchrun.log").read_text()
+
+
+def _gather_in_rank(rank: int, world: int, store_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from reference_trainer.state import _gathered
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        g = torch.Generator().manual_seed(0)
+        # rows that do not divide by the world (padding), two dtypes, an empty tensor, plain values
+        full = {"a": torch.randn(5, 3, generator=g), "b": [torch.randn(7, dtype=torch.float64, generator=g),
+                                                          torch.randn(4, 2, generator=g)],
+                "empty": torch.zeros(0, 3), "step": torch.tensor(3.0), "lr": 0.5, "none": None}
+        tree = {"a": distribute_tensor(full["a"], mesh, [Shard(0)]),
+                "b": [distribute_tensor(t, mesh, [Shard(0)]) for t in full["b"]],
+                "empty": distribute_tensor(full["empty"], mesh, [Shard(0)]),
+                "step": full["step"], "lr": 0.5, "none": None}
+        got = _gathered(tree)
+        pairs = [(got["a"], full["a"]), (got["b"][0], full["b"][0]), (got["b"][1], full["b"][1]),
+                 (got["empty"], full["empty"]), (got["step"], full["step"])]
+        assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in pairs), pairs
+        assert got["lr"] == 0.5 and got["none"] is None
+    finally:
+        dist.destroy_process_group()
+    # past this point only the interpreter's finalization is left, where gloo's threads can abort
+    # the process (as reference_trainer.__main__.run_and_exit says); a failed assertion never gets here
+    os._exit(0)
+
+
+def test_the_digests_gather_every_shard_whole_in_one_collective_per_dtype(tmp_path):
+    """``_gathered`` packs a tree's shards into one ``all_gather`` per dtype; each tensor must come
+    back as ``full_tensor`` gives it, padding rows and dtypes included, on every rank."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_gather_in_rank, args=(2, str(tmp_path / "store")), nprocs=2, start_method="spawn")
