@@ -173,6 +173,7 @@ bench: setup
 # Mutation score of the reference trainer's checkpoint path under the default suite (nightly, hours;
 # docs/mutation.md). A sample: MUTATION_FLAGS="--files reference_trainer/checkpoint.py --limit 40".
 # MUTATION_OPERATORS: core (cosmic-ray's own), checkpoint (ckpt_chaos/mutation_operators.py) or all.
+# An example's own train.py under its own scenarios: MUTATION_FLAGS="--example plain_ddp".
 MUTATION_FLAGS ?=
 MUTATION_OPERATORS ?= core
 mutation: setup

@@ -1,4 +1,5 @@
-"""Mutation score of the reference trainer's checkpoint path under the scenario suite (`make mutation`).
+"""Mutation score of the reference trainer's checkpoint path under the scenario suite (`make mutation`),
+or of an example trainer's own code under that example's scenarios (``--example NAME``).
 
 cosmic-ray makes the mutants (``cosmic-ray init``) and applies each to a file on disk, then runs a
 test command (``cosmic-ray exec``); this script is the layer around it:
@@ -33,6 +34,14 @@ test command (``cosmic-ray exec``); this script is the layer around it:
 7. Mutants marked equivalent by hand in ``benchmarks/mutation-equivalent.toml``, and those that change
    only a function's annotation in a module that never evaluates it (``from __future__ import
    annotations``), are left out of the score and listed with their reason.
+8. ``--example NAME`` scores ``examples/NAME/train.py`` instead, the whole file (an example writes its
+   checkpoint code inline in its training loop, so no list of functions could say honestly which
+   lines are its checkpoint path), against every scenario of ``examples/NAME/scenarios`` whatever
+   its suites: the baseline is ``ckpt-chaos run --coverage --suite full --scenarios`` of that folder
+   and each mutant runs its scenarios from there. Their ``[command]`` argv names the script relative
+   to the current directory, so the mutant in the copy is what runs, and ``$CKPT_CHAOS_GOLDEN_TREE``
+   keys their golden runs by the pristine script. Its results and work folder are
+   ``mutation-<operators>-<NAME>``, and the cache's fingerprint covers the example's folder.
 
 Writes ``benchmarks/results/mutation.json`` and (``report.py --tables``) ``mutation.md``: the score
 (killed / (total - equivalent)) per file, each killed mutant's scenario and failing checks, each
@@ -91,6 +100,7 @@ CACHE = ROOT / "build" / "mutation-cache"
 # What a cached verdict depends on besides the mutated file: the trainer's and the harness's code
 # and the scenarios (a new check can kill a survivor).
 FINGERPRINTED = ("reference_trainer", "ckpt_chaos")
+EXAMPLES = "examples"  # --example NAME: examples/NAME/train.py under examples/NAME/scenarios
 
 
 class MutationError(Exception):
@@ -103,6 +113,31 @@ def _needs() -> None:
     for extra in ("mutation", "coverage"):
         if why := missing_extra(extra):
             raise MutationError(f"make mutation {why}")
+
+
+# ---- what a run mutates, and under which scenarios ---------------------------------------------------
+
+def example_files(root: Path = ROOT) -> list[str]:
+    """Every example trainer that ``--example`` can mutate: an ``examples/NAME/train.py`` with a
+    ``scenarios`` folder beside it."""
+    return sorted(p.relative_to(root).as_posix() for p in (root / EXAMPLES).glob("*/train.py")
+                  if (p.parent / "scenarios").is_dir())
+
+
+def target(example: str | None, root: Path = ROOT) -> dict:
+    """What a run mutates (``targets``: file -> the functions in scope, None for the whole file), the
+    scenario folder its baseline and mutants take (None: the built-in default suite) and the sources
+    its cached verdicts depend on. The reference trainer's checkpoint path without ``example``;
+    else the whole of that example's ``train.py``, under every scenario of its own folder."""
+    if example is None:
+        return {"targets": TARGETS, "scenarios": None, "fingerprinted": FINGERPRINTED}
+    folder = f"{EXAMPLES}/{example}"
+    if f"{folder}/train.py" not in example_files(root):
+        known = ", ".join(Path(f).parent.name for f in example_files(root))
+        raise MutationError(f"--example {example}: no {folder}/train.py with a scenarios folder beside it; "
+                            f"one of {known}")
+    return {"targets": {f"{folder}/train.py": None}, "scenarios": f"{folder}/scenarios",
+            "fingerprinted": (*FINGERPRINTED, folder)}
 
 
 # ---- which mutants count ---------------------------------------------------------------------------
@@ -144,9 +179,9 @@ def _run_statement(stmt: ast.stmt) -> bool:
     return False
 
 
-def scope_lines(file: str, source: str) -> set[int] | None:
+def scope_lines(file: str, source: str, targets: dict = TARGETS) -> set[int] | None:
     """The lines of ``file`` whose mutants count; None: all of them."""
-    wanted = TARGETS[file]
+    wanted = targets[file]
     if wanted is None:
         return None
     funcs = _functions(ast.parse(source))
@@ -176,10 +211,12 @@ def statement_line(source: str, line: int) -> int:
 
 # ---- the baseline: coverage and walls of the pristine tree ------------------------------------------
 
-def baseline(suite_dir: Path) -> dict:
-    """From a ``ckpt-chaos run --coverage`` of the default suite: per target file, line -> the passing
-    scenarios that reach it (lines as strings, as JSON keeps them); each scenario's wall; the golden
-    folder its runs used."""
+def baseline(suite_dir: Path, targets: dict = TARGETS) -> dict:
+    """From a ``ckpt-chaos run --coverage`` of the default suite (an example's folder with
+    ``--example``): per target file, line -> the passing scenarios that reach it (lines as strings, as
+    JSON keeps them); each scenario's wall; the golden folder its runs used. Only ``pass`` counts:
+    an ``xfail`` (a known failure that showed, e.g. an example's expected refusal) fails some check
+    on the pristine tree already, so it would kill every mutant it met."""
     results = suite_dir / "results.json"
     cov = suite_dir / "coverage" / "coverage.json"
     for need in (results, cov):
@@ -193,7 +230,7 @@ def baseline(suite_dir: Path) -> dict:
               if r["verdict"] == "pass" and (Path(r["run_dir"]) / "golden").exists()}
     reached: dict[str, dict[str, list[str]]] = {}
     for path, f in json.loads(cov.read_text())["files"].items():
-        file = next((t for t in TARGETS if path.endswith(t)), None)
+        file = next((t for t in targets if path.endswith(t)), None)
         if file is None:
             continue
         if "contexts" not in f:
@@ -210,12 +247,13 @@ def select(base: dict, file: str, lines: list[int]) -> list[str]:
     return sorted(names, key=lambda n: (base["walls"][n], n))
 
 
-def _deadlines() -> dict[str, float]:
+def _deadlines(scenarios: str | None = None) -> dict[str, float]:
     from ckpt_chaos import config
     from ckpt_chaos.scenario import load
 
     out = {}
-    dirs = [*config.project_config().scenario_dirs(), config.builtin_scenarios()]
+    dirs = [*([ROOT / scenarios] if scenarios else []), *config.project_config().scenario_dirs(),
+            config.builtin_scenarios()]
     for d in dirs:
         for path in sorted(Path(d).rglob("*.toml")):
             s = load(path)
@@ -223,14 +261,17 @@ def _deadlines() -> dict[str, float]:
     return out
 
 
-def make_baseline(work: Path, golden: Path) -> Path:
-    """One ``ckpt-chaos run --coverage`` of the default suite from this (pristine) repository; it also
-    makes the golden runs the mutants will use."""
+def make_baseline(work: Path, golden: Path, scenarios: str | None = None) -> Path:
+    """One ``ckpt-chaos run --coverage`` of the default suite (of every scenario in the folder
+    ``scenarios``, whatever its suites: ``full`` holds them all) from this (pristine) repository; it
+    also makes the golden runs the mutants will use."""
     cmd = [_tool("ckpt-chaos"), "run", "--coverage", "--plots", "none", "--golden-dir", str(golden),
            "--reports", str(work / "baseline")]
+    if scenarios is not None:
+        cmd += ["--suite", "full", "--scenarios", str(ROOT / scenarios)]
     print(f"baseline: {shlex.join(cmd)}", flush=True)
     subprocess.run(cmd, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "CKPT_CHAOS_GOLDEN_TREE"})
-    return work / "baseline" / "default" / "latest"
+    return work / "baseline" / ("default" if scenarios is None else "full") / "latest"
 
 
 def _tool(name: str) -> str:
@@ -255,6 +296,7 @@ def load_equivalent(path: Path = EQUIVALENT) -> list[dict]:
     extra = set(data) - {"equivalent"}
     if extra:
         raise MutationError(f"{path}: unknown table {sorted(extra)[0]!r}; each mutant is an [[equivalent]] table")
+    mutable = [*TARGETS, *example_files()]
     for i, e in enumerate(entries, 1):
         where = f"{path}: [[equivalent]] #{i}"
         if unknown := set(e) - EQUIVALENT_KEYS:
@@ -263,8 +305,10 @@ def load_equivalent(path: Path = EQUIVALENT) -> list[dict]:
             if key not in e or not (str(e[key]).strip() or key == "mutant"):  # a removal leaves no line
                 raise MutationError(f"{where}: no {key!r}; copy file, operator and the diff's - and + lines from "
                                     "mutation.json, and say why the mutant cannot change behaviour")
-        if e["file"] not in TARGETS:
-            raise MutationError(f"{where}: file {e['file']!r} is not mutated; one of {', '.join(TARGETS)}")
+        # one list for every run: an entry for an example's trainer must not stop a run of the
+        # reference trainer, nor the other way round
+        if e["file"] not in mutable:
+            raise MutationError(f"{where}: file {e['file']!r} is not mutated; one of {', '.join(mutable)}")
     return entries
 
 
@@ -354,11 +398,13 @@ def _provider(operator_name: str) -> str:
 
 # ---- the cache of verdicts ---------------------------------------------------------------------------
 
-def fingerprint(base: dict, files: list[str], pristine: Path = ROOT) -> str:
+def fingerprint(base: dict, files: list[str], pristine: Path = ROOT,
+                fingerprinted: tuple[str, ...] = FINGERPRINTED) -> str:
     """What else a mutant's verdict depends on: the tracked sources of the trainer and the harness
-    (every target file's pristine text among them) and the scenarios that reach each target line."""
+    (every target file's pristine text among them; an example's folder, its scenarios with it, with
+    ``--example``) and the scenarios that reach each target line."""
     h = hashlib.sha256()
-    listed = subprocess.run(["git", "ls-files", "-z", *FINGERPRINTED], cwd=pristine, capture_output=True)
+    listed = subprocess.run(["git", "ls-files", "-z", *fingerprinted], cwd=pristine, capture_output=True)
     for name in sorted(filter(None, listed.stdout.decode().split("\0"))):
         path = pristine / name
         if path.is_file() and name.endswith((".py", ".toml")):
@@ -409,7 +455,7 @@ def _wanted(spec, only: list[str]) -> bool:
 
 def annotate(session: Path, base: dict, files: list[str], limit: int | None, seed: int,
              equivalent: list[dict], only: list[str] | None = None, operators: str = "core",
-             cache: Path | None = None, print_: str = "") -> dict[str, int]:
+             cache: Path | None = None, print_: str = "", targets: dict = TARGETS) -> dict[str, int]:
     """Before ``exec``: mark as done (cosmic-ray's SKIPPED, as its filters do) the mutants out of the
     checkpoint path, out of the sample (or not named with ``only``) or equivalent. What is left
     pending is what ``exec`` runs, in random order. A mutant on a line no scenario reaches is
@@ -430,7 +476,7 @@ def annotate(session: Path, base: dict, files: list[str], limit: int | None, see
                                                               i.mutations[0].start_pos, i.mutations[0].operator_name,
                                                               i.mutations[0].occurrence))
         sources = {f: (ROOT / f).read_text() for f in files}
-        scopes = {f: scope_lines(f, sources[f]) for f in files}
+        scopes = {f: scope_lines(f, sources[f], targets) for f in files}
         inside = []
         for item in items:
             spec = item.mutations[0]
@@ -497,6 +543,8 @@ def run_mutant(state: dict) -> dict:
     timeout = sum(state["deadlines"].get(n, 300.0) + SLACK_S for n in names)
     cmd = [_tool("ckpt-chaos"), "run", "-x", "--plots", "none", "--golden-dir", state["golden"],
            "--reports", str(reports), *names]
+    if state.get("scenarios"):  # an example's: named, they are found in its folder (the pristine one)
+        cmd[2:2] = ["--scenarios", state["scenarios"]]
     env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPT_CHAOS_GOLDEN_TREE": state.get("golden_tree") or state["pristine"]}
     started = time.monotonic()
     with open(Path(state["work"]) / "runs.log", "ab") as log:
@@ -631,9 +679,12 @@ def _sampled(mutants: list[dict], extra: dict) -> bool:
     return bool(extra.get("sample", {}).get("limit")) or any(m["status"] == "pending" for m in mutants)
 
 
-def results_name(operators: str) -> str:
+def results_name(operators: str, example: str | None = None) -> str:
     """``mutation`` for cosmic-ray's operators (the figures docs/mutation.md has always quoted),
-    ``mutation-<operators>`` for the others, so that one run never overwrites another's."""
+    ``mutation-<operators>`` for the others, ``mutation-<operators>-<example>`` for an example's
+    trainer, so that one run never overwrites another's. Also the name of the run's work folder."""
+    if example is not None:
+        return f"mutation-{operators}-{example}"
     return "mutation" if operators == "core" else f"mutation-{operators}"
 
 
@@ -645,7 +696,8 @@ def write_results(mutants: list[dict], command: str, extra: dict, results: Path 
     data = {"command": command, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             **extra, **figures(mutants, sampled=_sampled(mutants, extra)), "mutants": mutants}
     results.mkdir(parents=True, exist_ok=True)
-    out = results / f"{results_name(extra.get('sample', {}).get('operators', 'core'))}.json"
+    sample = extra.get("sample", {})
+    out = results / f"{results_name(sample.get('operators', 'core'), sample.get('example'))}.json"
     out.write_text(json.dumps(data, indent=1) + "\n")
     report.write_tables(results)
     return out
@@ -785,15 +837,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if golden_tree() is not None:
         raise MutationError("$CKPT_CHAOS_GOLDEN_TREE is set: unset it, this script sets it for the mutants")
-    files = args.files or list(TARGETS)
+    aim = target(args.example)
+    targets = aim["targets"]
+    files = args.files or list(targets)
     for f in files:
-        if f not in TARGETS:
-            raise MutationError(f"--files {f}: not on the checkpoint path; one of {', '.join(TARGETS)}")
+        if f not in targets:
+            raise MutationError(f"--files {f}: not on the checkpoint path; one of {', '.join(targets)}")
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     golden = Path(args.golden_dir).resolve() if args.golden_dir else work / "golden"
-    suite = Path(args.coverage_from) if args.coverage_from else make_baseline(work, golden)
-    base = baseline(suite)
+    suite = Path(args.coverage_from) if args.coverage_from else make_baseline(work, golden, aim["scenarios"])
+    base = baseline(suite, targets)
     if args.coverage_from:
         if len(base["golden"]) > 1 and not args.golden_dir:
             raise MutationError(f"--coverage-from {suite}: its scenarios used several golden folders "
@@ -806,7 +860,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     tree = work / "tree"
     _copy_tree(tree)
     state = {"pristine": str(ROOT), "work": str(work), "files": files, "golden": str(golden), "base": base,
-             "deadlines": _deadlines(), "keep_runs": args.keep_runs,
+             "deadlines": _deadlines(aim["scenarios"]), "keep_runs": args.keep_runs,
+             "scenarios": str(ROOT / aim["scenarios"]) if aim["scenarios"] else None,
              "golden_tree": str(Path(args.golden_tree).resolve()) if args.golden_tree else None}
     (work / "state.json").write_text(json.dumps(state))
     # only a backstop: the test command stops the harness first (see run_mutant)
@@ -821,13 +876,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     cosmic = _tool("cosmic-ray")
     subprocess.run([cosmic, "init", str(config), str(session)], cwd=tree, check=True)
     cache = None if args.no_cache else Path(args.cache).resolve()
-    print_ = fingerprint(base, files)
+    print_ = fingerprint(base, files, fingerprinted=aim["fingerprinted"])
     counts = annotate(session, base, files, args.limit, args.seed, load_equivalent(), args.mutant, args.operators,
-                      cache, print_)
+                      cache, print_, targets)
     print("mutants: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
     command = "python benchmarks/mutation.py" + (" " + shlex.join(args.argv) if args.argv else "")
     sample = {"limit": args.limit, "seed": args.seed, "files": files, "named": args.mutant,
-              "operators": args.operators, **counts}
+              "operators": args.operators, **counts,
+              **({"example": args.example, "scenarios": aim["scenarios"]} if args.example else {})}
     run = {"command": command, "extra": {"sample": sample, "exec_wall_s": 0.0, "baseline": str(suite),
                                          "cache": {"dir": None if cache is None else str(cache),
                                                    "fingerprint": print_}}}
@@ -848,18 +904,29 @@ def _timed_exec(work: Path, run: dict, exec_: Callable[[], None]) -> None:
         (work / "run.json").write_text(json.dumps(run))
 
 
+def work_dir(operators: str, example: str | None = None) -> Path:
+    """The default --work: build/mutation, build/mutation-OPERATORS, build/mutation-OPERATORS-EXAMPLE."""
+    return WORK.with_name(results_name(operators, example))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
     t = sub.add_parser("test", help="(cosmic-ray's test command) run the mutant now in the current directory")
     t.add_argument("--state", required=True)
-    ap.add_argument("--files", nargs="+", metavar="FILE", help=f"files to mutate (default: {', '.join(TARGETS)})")
+    ap.add_argument("--files", nargs="+", metavar="FILE", help=f"files to mutate (default: {', '.join(TARGETS)}; "
+                                                              "with --example, its train.py)")
+    ap.add_argument("--example", metavar="NAME",
+                    help="score examples/NAME/train.py (the whole file) under every scenario of "
+                         "examples/NAME/scenarios instead of the reference trainer's checkpoint path; results "
+                         "in mutation-OPERATORS-NAME.json, work in build/mutation-OPERATORS-NAME")
     ap.add_argument("--limit", type=int, help="a random sample of this many mutants (default: all)")
     ap.add_argument("--seed", type=int, default=0, help="the sample's seed (default: 0)")
     ap.add_argument("--coverage-from", metavar="DIR",
                     help="a `ckpt-chaos run --coverage` of the default suite from this tree, e.g. "
-                         "reports/default/latest (default: made first, about 10 minutes)")
+                         "reports/default/latest; with --example, of every scenario of its folder (--suite full "
+                         "--scenarios examples/NAME/scenarios) (default: made first, about 10 minutes)")
     ap.add_argument("--golden-dir", metavar="DIR", help="the golden runs of the pristine tree (default: those the "
                                                         "coverage run used, or WORK/golden)")
     ap.add_argument("--operators", choices=sorted(OPERATOR_SETS), default="core",
@@ -890,7 +957,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.argv = argv
     if args.work is None:
-        args.work = str(WORK if args.operators == "core" else WORK.with_name(f"{WORK.name}-{args.operators}"))
+        args.work = str(work_dir(args.operators, args.example))
     try:
         if args.cmd == "test":
             return cmd_test(args)

@@ -581,9 +581,12 @@ def mutation_md(d: dict) -> str:
                "(`ckpt_chaos/mutation_operators.py`)"}.get(ops, "cosmic-ray's and the checkpoint operators' mutants")
     cached = (f"; {d['mutants_cached']} verdicts taken from the cache (same mutated file, operator, trainer, harness and "
               "coverage)" if d.get("mutants_cached") else "")
+    # mutation.py --example NAME: the whole of the example's train.py, under its own scenarios
+    what = (f"of `{s['files'][0]}` (the whole file), each against the scenarios of `{s['scenarios']}` (every "
+            "suite) that pass unmutated and reach its line" if s.get("example") else
+            "of the checkpoint path, each against the default-suite scenarios that reach its line")
     out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): {made_by} "
-           f"of the checkpoint path, each against the default-suite scenarios that reach its line, cheapest first, "
-           f"to the first failure. Mutants: "
+           f"{what}, cheapest first, to the first failure. Mutants: "
            + (f"those named ({len(s['named'])})" if s.get("named") else
               f"a sample of {s['limit']} (seed {s['seed']})" if s["limit"] else "all")
            + f" of the {s['to run'] + s['not reached'] + s['equivalent'] + s['not sampled'] + s.get('cached', 0)} in "
@@ -648,6 +651,15 @@ def write_tables(results: Path = RESULTS) -> list[Path]:
         md = _HEADER.format(src=f"`{src.name}`", title=title) + render(json.loads(src.read_text()))
         (results / f"{name}.md").write_text(md)
         written.append(results / f"{name}.md")
+    # a run of an example's trainer (mutation.py --example NAME) is named mutation-<operators>-<NAME>
+    for src in sorted(results.glob("mutation-*-*.json")):
+        d = json.loads(src.read_text())
+        if src.stem in TABLES or not d.get("sample", {}).get("example"):
+            continue
+        title = (f"Mutation score of the {d['sample']['example']} example's trainer under its own scenarios: "
+                 f"--operators {d['sample']['operators']}")
+        (results / f"{src.stem}.md").write_text(_HEADER.format(src=f"`{src.name}`", title=title) + mutation_md(d))
+        written.append(results / f"{src.stem}.md")
     return written
 
 

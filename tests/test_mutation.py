@@ -146,6 +146,137 @@ def test_coverage_without_contexts_or_results_is_refused_with_the_fix(tmp_path):
         mutation.baseline(suite)
 
 
+# ---- an example's trainer under its own scenarios (--example) ------------------------------------------
+
+EX = "examples/plain_ddp/train.py"
+EX_SCENARIOS = "examples/plain_ddp/scenarios"
+
+
+def test_an_example_is_mutated_whole_under_every_scenario_of_its_folder_in_files_of_its_own(tmp_path, monkeypatch):
+    aim = mutation.target("plain_ddp")
+    assert aim["targets"] == {EX: None} and aim["scenarios"] == EX_SCENARIOS
+    assert mutation.scope_lines(EX, (ROOT / EX).read_text(), aim["targets"]) is None  # the whole file
+    ref = mutation.target(None)
+    assert ref["targets"] is mutation.TARGETS and ref["scenarios"] is None
+    assert mutation.results_name("checkpoint", "plain_ddp") == "mutation-checkpoint-plain_ddp"
+    assert mutation.results_name("core", "plain_ddp") == "mutation-core-plain_ddp"
+    assert mutation.work_dir("core") == mutation.WORK  # the reference trainer's runs keep their folders
+    assert mutation.work_dir("checkpoint") == ROOT / "build" / "mutation-checkpoint"
+    assert mutation.work_dir("checkpoint", "plain_ddp") == ROOT / "build" / "mutation-checkpoint-plain_ddp"
+    with pytest.raises(mutation.MutationError, match="--example nope: no examples/nope/train.py.*one of .*plain_ddp"):
+        mutation.target("nope")
+    assert "plain-ddp-term-rank1-only" in mutation._deadlines(EX_SCENARIOS)
+    ran = []
+    monkeypatch.setattr(mutation.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    latest = mutation.make_baseline(tmp_path, tmp_path / "golden", EX_SCENARIOS)
+    assert latest == tmp_path / "baseline" / "full" / "latest"
+    cmd = ran.pop()
+    assert cmd[cmd.index("--suite") + 1] == "full"  # every scenario of the folder, whatever its suites
+    assert cmd[cmd.index("--scenarios") + 1] == str(ROOT / EX_SCENARIOS) and "--coverage" in cmd
+    assert mutation.make_baseline(tmp_path, tmp_path / "golden") == tmp_path / "baseline" / "default" / "latest"
+    assert "--scenarios" not in ran.pop()
+
+
+def _example_suite(tmp_path: Path, line: int) -> Path:
+    """A baseline of the example's folder: two scenarios pass, its known failure shows (xfail), one fails."""
+    suite = tmp_path / "suite"
+    (suite / "coverage").mkdir(parents=True)
+    rows = [{"scenario": "slow", "verdict": "pass", "wall_s": 40.0, "run_dir": str(suite / "slow")},
+            {"scenario": "quick", "verdict": "pass", "wall_s": 5.0, "run_dir": str(suite / "quick")},
+            {"scenario": "refused", "verdict": "xfail", "wall_s": 1.0, "run_dir": str(suite / "refused")},
+            {"scenario": "broken", "verdict": "fail", "wall_s": 2.0, "run_dir": str(suite / "broken")}]
+    (suite / "results.json").write_text(json.dumps({"results": rows}))
+    (suite / "coverage" / "coverage.json").write_text(json.dumps({"files": {
+        f"/somewhere/{EX}": {"contexts": {str(line): ["slow", "quick", "refused", "broken"], "99": ["refused"]}},
+        f"/somewhere/{CKPT}": {"contexts": {"10": ["quick"]}}}}))
+    return suite
+
+
+def test_an_example_s_known_failure_never_meets_a_mutant_and_its_mutant_runs_from_its_folder(tmp_path, monkeypatch):
+    source = (ROOT / EX).read_text()
+    line = next(n for n, t in enumerate(source.split("\n"), 1) if t.strip() == "os.replace(tmp, path)")
+    base = mutation.baseline(_example_suite(tmp_path, line), mutation.target("plain_ddp")["targets"])
+    assert list(base["reached"]) == [EX] and base["not_passing"] == ["broken", "refused"]
+    assert mutation.select(base, EX, [line]) == ["quick", "slow"]
+    assert mutation.select(base, EX, [99]) == []  # only the xfail reaches it: not reached
+    assert list(mutation.baseline(_example_suite(tmp_path / "ref", line))["reached"]) == [CKPT]
+    tree = tmp_path / "tree"
+    (tree / EX).parent.mkdir(parents=True)
+    (tree / EX).write_text(source.replace("    os.replace(tmp, path)\n", "    pass\n"))
+    launched = []
+
+    class Launched:
+        returncode = 0
+
+        def __init__(self, cmd, **kw):
+            launched.append((cmd, kw["env"]))
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(mutation.subprocess, "Popen", Launched)
+    monkeypatch.chdir(tree)
+    (tmp_path / "work").mkdir()
+    state = {"pristine": str(ROOT), "work": str(tmp_path / "work"), "files": [EX], "golden": str(tmp_path / "golden"),
+             "base": base, "deadlines": {}, "scenarios": str(ROOT / EX_SCENARIOS)}
+    out = mutation.run_mutant(state)
+    assert out["lines"] == [line] and out["planned"] == ["quick", "slow"]
+    (cmd, env), = launched
+    assert cmd[cmd.index("--scenarios") + 1] == str(ROOT / EX_SCENARIOS) and cmd[-2:] == ["quick", "slow"]
+    assert env["CKPT_CHAOS_GOLDEN_TREE"] == str(ROOT)  # golden runs keyed by the pristine script
+    assert out["status"] == "error"  # the stand-in harness wrote no results
+
+
+def test_an_example_s_cached_verdicts_depend_on_its_trainer_and_scenarios_not_another_example_s(tmp_path):
+    repo = tmp_path / "repo"
+    for name in ("reference_trainer/checkpoint.py", "ckpt_chaos/check.py", EX, f"{EX_SCENARIOS}/a.toml",
+                 "examples/other/train.py"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("x = 1\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "."], cwd=repo, check=True)
+    aim = mutation.target("plain_ddp")
+    base = {"reached": {EX: {"5": ["quick"]}, CKPT: {"5": ["quick"]}}}
+
+    def prints() -> tuple[str, str]:
+        return (mutation.fingerprint(base, [EX], repo, aim["fingerprinted"]), mutation.fingerprint(base, [CKPT], repo))
+
+    first = prints()
+    (repo / "examples/other/train.py").write_text("x = 2\n")
+    assert prints() == first
+    (repo / EX_SCENARIOS / "a.toml").write_text("x = 2\n")  # a scenario of the example changed
+    example, ref = prints()
+    assert example != first[0] and ref == first[1]
+    (repo / "ckpt_chaos/check.py").write_text("x = 2\n")  # the harness changed: both
+    assert all(a != b for a, b in zip(prints(), (example, ref)))
+
+
+def test_an_equivalent_entry_may_name_an_example_s_trainer(tmp_path):
+    f = tmp_path / "eq.toml"
+    f.write_text(f'[[equivalent]]\nfile = "{EX}"\noperator = "core/NumberReplacer"\noriginal = "a"\nmutant = "b"\n'
+                 'reason = "r"\n')
+    assert [e["file"] for e in mutation.load_equivalent(f)] == [EX]
+    f.write_text(f.read_text().replace(EX, "examples/plain_ddp/scenarios/x.toml"))
+    with pytest.raises(mutation.MutationError, match="is not mutated; one of .*examples/plain_ddp/train.py"):
+        mutation.load_equivalent(f)
+
+
+def test_an_example_s_results_get_a_file_and_a_table_of_their_own(tmp_path):
+    sample = {"limit": 3, "seed": 0, "files": [EX], "named": None, "operators": "checkpoint", "to run": 1,
+              "not reached": 0, "equivalent": 0, "not sampled": 5, "cached": 0, "example": "plain_ddp",
+              "scenarios": EX_SCENARIOS}
+    killed = {"file": EX, "line": 57, "operator": "checkpoint/DropDurabilityCall", "occurrence": 0,
+              "diff": "-    os.replace(tmp, path)\n+    pass", "status": "killed", "scenario": "quick",
+              "checks": ["latest_valid"], "wall_s": 9.0}
+    path = mutation.write_results([killed], "python benchmarks/mutation.py --example plain_ddp",
+                                  {"sample": sample, "exec_wall_s": 9.0}, results=tmp_path)
+    assert path == tmp_path / "mutation-checkpoint-plain_ddp.json"
+    md = (tmp_path / "mutation-checkpoint-plain_ddp.md").read_text()
+    assert "plain_ddp example's trainer" in md and f"`{EX}` (the whole file)" in md and f"`{EX_SCENARIOS}`" in md
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mutation-checkpoint-plain_ddp.json",
+                                                          "mutation-checkpoint-plain_ddp.md"]
+
+
 # ---- the pinned golden key ----------------------------------------------------------------------
 
 def _copy(dest: Path) -> None:
