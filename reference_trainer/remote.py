@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import queue
+import select
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,7 @@ from ckpt_chaos.probe import ENV_ROLE  # the probe reports the uploader's events
 from ckpt_chaos.probe import layout as ck
 
 UPLOADER_MODULE = "reference_trainer.remote"
+UPLOADER_READY_S = 60.0  # how long rank 0 waits, before training, for its uploader to be up
 UPLOAD_PREFIX = ".upload-"  # hard links of a checkpoint being uploaded  # a trainer built on this one may run its own
 
 
@@ -244,25 +246,43 @@ class UploadQueue:
         self.proc: subprocess.Popen | None = None
         self.started = 0
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> int:
+        """Start an uploader; the read end of the pipe on which it says it is up."""
         env = {**os.environ, ENV_ROLE: "uploader"}
         args = {k: getattr(self.cfg, k) for k in ("remote_url", "remote_endpoint", "remote_timeout_s",
                                                    "remote_keep_last", "upload_retries", "upload_backoff_s",
                                                    "run_dir")}
         args["ckpt_dir"] = str(self.cfg.checkpoint_dir)
         args["parent_pid"] = os.getpid()
+        ready, args["ready_fd"] = os.pipe()
         # No preexec_fn: without one, Popen starts the child with vfork instead of fork, and rank 0
         # does not copy its page tables when submit() replaces a dead uploader on the training loop
         # (a fork stalls a step by tenths of a second). The uploader ties its life to rank 0 itself.
-        self.proc = subprocess.Popen([sys.executable, "-m", UPLOADER_MODULE, json.dumps(args)],
-                                     stdin=subprocess.PIPE, env=env)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", UPLOADER_MODULE, json.dumps(args)],
+                                         stdin=subprocess.PIPE, env=env, pass_fds=(args["ready_fd"],))
+        finally:
+            os.close(args["ready_fd"])
         self.started += 1
         self.log("uploader_started", pid=self.proc.pid, n=self.started)
+        return ready
 
     def start(self) -> None:
-        """Start the uploader before training, so a hand-off is only ever a pipe write."""
-        if self.proc is None:
-            self._spawn()
+        """Start the uploader before training and wait until it is up, so a hand-off is only ever a
+        pipe write and the first checkpoints find it ready: an uploader still importing its S3
+        client (seconds on a busy node, where it runs niced) would otherwise skip every checkpoint
+        committed meanwhile but the newest. Waiting is bounded: training never hangs on it."""
+        if self.proc is not None:
+            return
+        ready = self._spawn()
+        try:
+            up, _, _ = select.select([ready], [], [], UPLOADER_READY_S)
+            said = os.read(ready, 16) if up else b""
+        finally:
+            os.close(ready)
+        if not said:
+            self.log("uploader_not_ready", waited_s=UPLOADER_READY_S if not up else None,
+                     rc=self.proc.poll())
 
     def submit(self, name: str) -> None:
         started = time.perf_counter()
@@ -271,7 +291,9 @@ class UploadQueue:
                 self.log("uploader_died", pid=self.proc.pid, rc=self.proc.returncode)
                 self.proc = None
             if self.proc is None:
-                self._spawn()  # a new uploader first looks for committed checkpoints not yet durable
+                # a new uploader first looks for committed checkpoints not yet durable; the step
+                # does not wait for it to be up
+                os.close(self._spawn())
             try:
                 self.proc.stdin.write(name.encode() + b"\n")
                 self.proc.stdin.flush()
@@ -310,7 +332,7 @@ class UploadQueue:
                 return
             self.log("uploader_died", pid=self.proc.pid, rc=rc)
             respawns -= 1
-            self._spawn()
+            os.close(self._spawn())  # the drain waits for its exit, not for it to be up
 
 
 def sweep_staging(root: Path) -> None:
@@ -486,6 +508,12 @@ def main() -> int:
     _die_with_parent(args["parent_pid"])
     uploader = Uploader(args)
     uploader.log("uploader_up", pid=os.getpid())
+    if "ready_fd" in args:
+        try:
+            os.write(args["ready_fd"], b"up\n")
+        except BrokenPipeError:
+            pass  # a replacement uploader: rank 0 did not wait for it
+        os.close(args["ready_fd"])
     return uploader.run(sys.stdin.buffer)
 
 

@@ -215,3 +215,33 @@ def test_the_uploader_dies_with_rank_0(tmp_path):
                 psutil.Process(pid).kill()
             except psutil.Error:
                 pass
+
+
+def test_rank_0_trains_only_once_its_uploader_is_up(tmp_path, monkeypatch):
+    """``UploadQueue.start`` returns after the uploader has imported its S3 client and said so: an
+    uploader still starting (seconds, niced, on a busy node) skipped every checkpoint committed
+    meanwhile but the newest, and a scenario aimed at the step-4 upload never fired. One that dies
+    first is logged and does not hold training up."""
+    from types import SimpleNamespace
+
+    from reference_trainer import remote
+
+    (tmp_path / "checkpoints").mkdir()
+    cfg = SimpleNamespace(remote_url="s3://bucket/run", remote_endpoint="http://127.0.0.1:9", remote_timeout_s=1,
+                          remote_keep_last=1, upload_retries=0, upload_backoff_s=0, run_dir=str(tmp_path),
+                          checkpoint_dir=tmp_path / "checkpoints")
+    logged = []
+    q = remote.UploadQueue(cfg, lambda event, **f: logged.append(event))
+    q.start()
+    try:
+        events = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+        assert "uploader_up" in events and logged == ["uploader_started"]
+    finally:
+        q.proc.stdin.close()
+        q.proc.wait(30)
+
+    monkeypatch.setattr(remote, "UPLOADER_MODULE", "json.tool")  # takes the arguments for a file: exits 1, saying nothing on the pipe
+    q = remote.UploadQueue(cfg, lambda event, **f: logged.append((event, f)))
+    q.start()
+    q.proc.wait(30)
+    assert logged[-1][0] == "uploader_not_ready" and logged[-1][1]["waited_s"] is None, logged
