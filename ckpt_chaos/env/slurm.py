@@ -161,16 +161,36 @@ class SlurmConfig:
             raise ValueError(f"cred_expire_s must be at least 5 (Slurm ignores {self.cred_expire_s} and uses 120)")
 
 
-def _free_ports(n: int) -> list[int]:
-    """Ports nothing listens on now. All are held open together so that they differ; another
-    process may still take one before the daemon binds it, which start() reports."""
-    socks = []
+def _ephemeral_range() -> range:
     try:
-        for _ in range(n):
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def _free_ports(n: int) -> list[int]:
+    """Ports nothing listens on now, drawn below the kernel's ephemeral range: every ``bind(0)`` and
+    outgoing connection of the machine (gloo's stores, the S3 server, other clusters' probes) takes
+    its port from that range, and one of them took a port between this choice and slurmctld's bind
+    ("Address already in use") when four test workers ran side by side. All are held open together
+    so that they differ; a process that binds one of these by number may still take it first, which
+    start() reports."""
+    ephemeral = _ephemeral_range()
+    pool = [p for p in range(20000, 32768) if p not in ephemeral] or list(range(1024, 65536))
+    socks: list[socket.socket] = []
+    try:
+        for port in secrets.SystemRandom().sample(pool, min(len(pool), 64 * n)):
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            if len(socks) == n:
+                return [x.getsockname()[1] for x in socks]
+        raise SlurmError(f"no {n} free TCP ports in 20000-32767 on 127.0.0.1")
     finally:
         for s in socks:
             s.close()
