@@ -49,8 +49,8 @@ $(STAMP): pyproject.toml constraints.txt
 # phase's time and the slowest tests and files, and keep every test's time in reports/timings/
 # (test.json, test-full.json; the run before as *.prev.json, which the next run compares against).
 # Four workers on two cores: many tests spend part of their time waiting on other processes (a grace
-# period, a requeue, a rank's exit), and with two workers the cores sat a quarter idle. Measured on
-# this machine (docs/benchmarks.md): 2 workers 9 min 31 s, 3 workers 8 min 14 s, 4 workers 7 min 59 s.
+# period, a requeue, a rank's exit), which two workers left idle; six fill the CPU and are slower
+# again (docs/benchmarks.md#wall-time-of-the-suites).
 TEST_WORKERS ?= 4
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -p tests.timings
 test: setup
