@@ -229,41 +229,22 @@ def digest(obj: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def _full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The whole of a dim-0-sharded DTensor, gathered with the classic c10d ``all_gather``.
-
-    ``DTensor.full_tensor`` and ``get_*_state_dict(full_state_dict=True)`` gather through
-    functional collectives, which under gloo in torch 2.13 now and then segfault a rank; the
-    list form of ``all_gather`` does not. FSDP2 shards dim 0 the way ``torch.chunk`` does, so
-    each rank pads its piece to the chunk size and the gathered rows are trimmed back.
-    """
-    if not isinstance(t, DTensor):
-        return t
-    if any(not (p.is_shard() and p.dim == 0) for p in t.placements) or t.device_mesh.ndim != 1:
-        return t.full_tensor()
-    world = t.device_mesh.size()
-    rows = t.shape[0]
-    chunk = -(-rows // world) if rows else 0
-    local = t.to_local().detach().contiguous()
-    padded = local.new_zeros((chunk, *t.shape[1:]))
-    padded[: local.shape[0]] = local
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded, group=t.device_mesh.get_group())
-    return torch.cat(parts)[:rows]
-
-
 def _row_sharded(t: Any) -> bool:
     return (isinstance(t, DTensor) and t.device_mesh.ndim == 1
             and all(p.is_shard() and p.dim == 0 for p in t.placements))
 
 
 def _gathered(tree: Any) -> Any:
-    """``tree`` with every DTensor in it made whole, as ``_full_tensor`` makes one.
+    """``tree`` with every DTensor in it made whole; collective.
 
-    The dim-0-sharded ones travel in one ``all_gather`` per dtype, not one per tensor: on gloo
-    each collective is a round trip between every pair of ranks, and a model and its optimizer
-    state hold dozens of tensors. Every rank walks the same tree in the same order, so each packs
-    its padded pieces at the same offsets."""
+    The dim-0-sharded ones (FSDP2's) are gathered with the classic c10d ``all_gather``:
+    ``DTensor.full_tensor`` and ``get_*_state_dict(full_state_dict=True)`` gather through
+    functional collectives, which under gloo in torch 2.13 now and then segfault a rank; the list
+    form of ``all_gather`` does not. FSDP2 shards dim 0 the way ``torch.chunk`` does, so each rank
+    pads its piece to the chunk size and the gathered rows are trimmed back. They travel in one
+    ``all_gather`` per dtype, not one per tensor: on gloo each collective is a round trip between
+    every pair of ranks, and a model and its optimizer state hold dozens of tensors. Every rank
+    walks the same tree in the same order, so each packs its padded pieces at the same offsets."""
     batched: list[DTensor] = []
 
     def walk(x: Any) -> Any:
@@ -274,7 +255,7 @@ def _gathered(tree: Any) -> Any:
         if _row_sharded(x):
             batched.append(x)
             return _Pending(len(batched) - 1)
-        return _full_tensor(x) if isinstance(x, torch.Tensor) else x
+        return x.full_tensor() if isinstance(x, DTensor) else x
 
     shaped = walk(tree)
     whole: list[torch.Tensor | None] = [None] * len(batched)
@@ -322,9 +303,9 @@ class _Pending:
 
 def _full_model_and_optimizer(ts: TrainState) -> tuple[dict[str, Any], dict[str, Any]]:
     """Full (world-size independent) model and optimizer state dicts; collective."""
-    model_sd = get_model_state_dict(ts.model)
-    optim_sd = get_optimizer_state_dict(ts.model, ts.optimizer)
-    return _gathered(model_sd), _gathered(optim_sd)
+    whole = _gathered({"model": get_model_state_dict(ts.model),
+                       "optim": get_optimizer_state_dict(ts.model, ts.optimizer)})
+    return whole["model"], whole["optim"]
 
 
 def model_optimizer_digest(ts: TrainState) -> str | None:

@@ -190,7 +190,7 @@ def _free_ports(n: int) -> list[int]:
             socks.append(s)
             if len(socks) == n:
                 return [x.getsockname()[1] for x in socks]
-        raise SlurmError(f"no {n} free TCP ports in 20000-32767 on 127.0.0.1")
+        raise SlurmError(f"no {n} free TCP ports among {pool[0]}-{pool[-1]} on 127.0.0.1")
     finally:
         for s in socks:
             s.close()
