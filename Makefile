@@ -45,9 +45,12 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # make test (CI): every test but those marked nightly, in minutes; make test-full (nightly): all of
-# them, the planted bugs against more scenarios than the one that catches each. Both print each
-# phase's time and the slowest tests and files, and keep every test's time in reports/timings/
-# (test.json, test-full.json; the run before as *.prev.json, which the next run compares against).
+# them, the planted bugs against more scenarios than the one that catches each (those where the
+# reference's coverage-measured run reaches a function the bug replaces; tests/planted_selection.py,
+# one coverage run of those scenarios first, or CKPT_CHAOS_MATRIX_COVERAGE=<its suite folder>).
+# Both print each phase's time and the slowest tests and files, and keep every test's time in
+# reports/timings/ (test.json, test-full.json; the run before as *.prev.json, which the next run
+# compares against).
 # Four workers on two cores: many tests spend part of their time waiting on other processes (a grace
 # period, a requeue, a rank's exit), which two workers left idle; six fill the CPU and are slower
 # again (docs/benchmarks.md#wall-time-of-the-suites).

@@ -1,6 +1,13 @@
 """The planted-bug matrix: every planted trainer (``tests/planted/``) and the one scenario that catches
-it in ``make test``; nightly (``make test-full``) each runs against every scenario of the default suite
-that runs a trainer module, to show which of them catch it.
+it in ``make test``; nightly (``make test-full``) each runs against the scenarios of the default suite
+that run a trainer module, to show which of them catch it.
+
+Nightly, a planted trainer runs only where it can differ from the reference: on the scenarios whose
+coverage-measured run of the reference reaches a function it replaces (``tests/planted_selection.py``),
+and on every scenario that does not pass on the reference. Elsewhere it would run exactly as the
+reference does; ``matrix.json`` lists those scenarios as not run, with the reason. The coverage is one
+``ckpt-chaos run --coverage`` of the matrix's scenarios per pytest run (shared by its workers), or the
+suite folder ``$CKPT_CHAOS_MATRIX_COVERAGE`` names when it was made on the same trainer and scenarios.
 
 ``make test`` runs each planted trainer once, against the scenario named here, in the test named here
 (which asserts the diagnosis); the unit tests below hold that table to the tests and the catalogue
@@ -12,12 +19,15 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import os
+import warnings
 from pathlib import Path
 
 import pytest
 
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.scenario import catalogue, load
+from tests import planted_selection as selection
 from tests.helpers import REPO
 
 PLANTED = REPO / "tests" / "planted"
@@ -160,23 +170,160 @@ def _module_scenarios():
             and s.cluster.backend == "local"]
 
 
+MATRIX = sorted(m for m, (scenario, _) in CATCHES.items() if scenario is not None and m != "crashes_natively")
+COVERAGE_ENV = "CKPT_CHAOS_MATRIX_COVERAGE"  # a suite folder of `ckpt-chaos run --coverage` to reuse
+
+
+@pytest.fixture(scope="session")
+def matrix_coverage(command_golden_root, tmp_path_factory) -> dict:
+    """Which lines of the reference trainer each of the matrix's scenarios reaches, measured on this tree:
+    the folder ``$CKPT_CHAOS_MATRIX_COVERAGE`` names where it was made on the same trainer and scenarios
+    (``planted_selection.usable``), else one serial coverage run (minutes), made by the first worker that
+    asks, under a lock, and shared with the others."""
+    from filelock import FileLock
+
+    files = [str(s.source) for s in _module_scenarios()]
+    note = None
+    if given := os.environ.get(COVERAGE_ENV):
+        if (why := selection.usable(Path(given), files)) is None:
+            return {"dir": given, "base": selection.baseline(Path(given)), "note": f"reused ${COVERAGE_ENV}"}
+        note = f"${COVERAGE_ENV} not used: {why}"
+        warnings.warn(note)
+    base = tmp_path_factory.getbasetemp()
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    root = base.parent / f"matrix-coverage-{uid}" if uid else base / "matrix-coverage"
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / ".lock")):
+        suite = root / "reports" / "custom" / "latest"
+        if not suite.exists() or selection.usable(suite.resolve(), files) is not None:
+            suite = selection.make_coverage(root / "reports", command_golden_root, files)
+    return {"dir": str(suite.resolve()), "base": selection.baseline(suite), "note": note}
+
+
 @pytest.mark.nightly
 @pytest.mark.slow
-@pytest.mark.parametrize("module", sorted(m for m, (scenario, _) in CATCHES.items()
-                                          if scenario is not None and m != "crashes_natively"))
-def test_each_planted_trainer_against_the_default_suite(module, tmp_path, golden_root):
-    """Every scenario gives a verdict (the harness does not break on a buggy trainer), the one that
-    catches it in make test fails when it is in the suite, and which ones catch it is kept beside the run
-    (``matrix.json``) for the catalogue's maintainers."""
+# past the suite's 600 s: the first to ask makes the coverage run (14 min on 2 cores, docs/benchmarks.md),
+# and a module may run on all ~36 scenarios (about 20 s each)
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("module", MATRIX)
+def test_each_planted_trainer_against_the_default_suite(module, tmp_path, golden_root, matrix_coverage):
+    """Every scenario it runs on gives a verdict (the harness does not break on a buggy trainer), the one
+    that catches it in make test is among them and fails when it is in the suite, and which ones catch it
+    is kept beside the run (``matrix.json``) for the catalogue's maintainers, with those not run and why."""
     from ckpt_chaos.run.runner import run_scenario
 
-    verdicts = {}
-    for s in _module_scenarios():
+    scenarios = _module_scenarios()
+    patches = selection.patches(module)
+    chosen = selection.selection(patches, matrix_coverage["base"], [s.name for s in scenarios])
+    catcher = load(builtin_scenarios() / CATCHES[module][0]).name
+    if catcher in chosen:
+        assert chosen[catcher] is None, (f"the selection leaves out {catcher}, which catches {module} in make test "
+                                         f"({chosen[catcher]}): the coverage ({matrix_coverage['dir']}) or the "
+                                         "resolver of its patches is wrong")
+    verdicts, not_run = {}, {}
+    for s in scenarios:
+        if chosen[s.name] is not None:
+            not_run[s.name] = chosen[s.name]
+            continue
         r = run_scenario(dataclasses.replace(s, trainer_module=f"tests.planted.{module}"), tmp_path / "runs",
                          golden_root)
         verdicts[s.name] = r.verdict
-    (tmp_path / "matrix.json").write_text(json.dumps({"module": module, "verdicts": verdicts}, indent=1))
+    (tmp_path / "matrix.json").write_text(json.dumps({
+        "module": module, "verdicts": verdicts, "not_run": not_run,
+        "replaces": {t: [f, min(lines), max(lines)] for t, (f, lines) in patches.functions.items()},
+        "everywhere": patches.fallback, "coverage": matrix_coverage["dir"], "coverage_note": matrix_coverage["note"],
+    }, indent=1))
     assert set(verdicts.values()) <= {"pass", "fail", "xfail", "xpass", "skipped"}, verdicts
-    catcher = load(builtin_scenarios() / CATCHES[module][0]).name
     if catcher in verdicts:
         assert verdicts[catcher] == "fail", f"{catcher} no longer catches {module}: {verdicts}"
+
+
+# ---- the selection: what each planted module replaces (no process launched) --------------------------
+
+# Planted modules whose patches do not all resolve to functions of the measured trainer: they run on every
+# scenario. Each reason says what the resolver cannot follow.
+EVERYWHERE = {
+    "rename_without_fsync": "rebinds ck.FileSystemWriter, which no function reads at call time (ProbedWriter "
+                            "subclassed it at import): a rebinding with no reader is not trusted",
+    "restore_trusts_download": "patches shim.validate, a namespace of its own that it hands the remote tier",
+    "retries_without_waiting": "rebinds remote.time, which the probe's code also names, and patches time.sleep",
+    "save_swallows_enospc": "patches torch's dcp.save, which the coverage does not measure",
+    "time_cadence_in_milliseconds": "rebinds train.time, which the probe's code also names, and patches "
+                                    "time.monotonic",
+}
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict[str, selection.Patches]:
+    return {m: selection.patches(m) for m in MATRIX}
+
+
+def test_every_planted_module_s_patches_resolve_to_reference_functions_or_it_runs_everywhere(resolved):
+    everywhere = {m for m, p in resolved.items() if p.everywhere}
+    assert everywhere == set(EVERYWHERE), (
+        "planted modules that run on every scenario, and those listed so in EVERYWHERE, differ: "
+        f"{ {m: resolved[m].fallback for m in everywhere - set(EVERYWHERE)} } {sorted(set(EVERYWHERE) - everywhere)}")
+    for m, p in resolved.items():
+        assert p.everywhere or p.functions, m
+        for file, lines in p.functions.values():
+            assert file in selection.measured_files() and lines, (m, file)
+
+
+def _body(file: str, qualname: str) -> set[int]:
+    tree = ast.parse((REPO / file).read_text())
+    *classes, name = qualname.split(".")
+    scope = tree.body
+    for c in classes:
+        scope = next(n for n in scope if isinstance(n, ast.ClassDef) and n.name == c).body
+    fn = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name)
+    return set(range(fn.body[0].lineno, fn.end_lineno + 1))
+
+
+def test_the_resolver_finds_the_body_of_the_function_a_planted_module_replaces(resolved):
+    keeps = resolved["keeps_one_fewer"]
+    assert not keeps.everywhere
+    assert keeps.functions == {"ck.CheckpointManager.apply_retention": (
+        "reference_trainer/checkpoint.py", frozenset(_body("reference_trainer/checkpoint.py",
+                                                           "CheckpointManager.apply_retention")))}
+    # a function imported into two modules under its own name: the original is state's
+    grads = resolved["grads_left_out_of_digests"].functions
+    assert {f for f, _ in grads.values()} == {"reference_trainer/state.py"}
+    assert set(grads["train.component_digests"][1]) == _body("reference_trainer/state.py", "component_digests")
+    # a property replaced: its getter; a constant rebound: the functions that read it (the uploader's spawn)
+    ckpt_dir = resolved["ckpt_dir_per_restart"].functions["TrainConfig.checkpoint_dir"]
+    assert set(ckpt_dir[1]) == _body("reference_trainer/config.py", "TrainConfig.checkpoint_dir")
+    spawn = [v for k, v in resolved["uploader_trusts_its_puts"].functions.items() if "UPLOADER_MODULE" in k]
+    assert spawn == [("reference_trainer/remote.py",
+                      frozenset(_body("reference_trainer/remote.py", "UploadQueue._spawn")))]
+
+
+def test_a_patch_the_resolver_cannot_follow_sends_the_module_to_every_scenario(tmp_path, monkeypatch):
+    base = {"walls": {"a": 1.0, "b": 2.0}, "reached": {"reference_trainer/checkpoint.py": {}}}
+    keeps = selection.patches("keeps_one_fewer")
+    assert set(selection.selection(keeps, base, ["a", "b"]).values()) != {None}  # reaches nothing: not run
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    for name, line in {"torch_too": "import torch\ntorch.manual_seed = lambda s: None",
+                       "constant": "from reference_trainer import checkpoint as ck\nck.CheckpointManager.keep = 1",
+                       "at_import": "import os\nos.environ.pop('X', None)",
+                       "computed": "from reference_trainer import checkpoint as ck\nsetattr(ck, NAME, None)"}.items():
+        (planted / f"{name}.py").write_text(
+            "from reference_trainer import checkpoint as ck\n"
+            "ck.CheckpointManager.apply_retention = lambda self: None\n" + line + "\n")
+    monkeypatch.setattr(selection, "PLANTED", planted)
+    for name in ("torch_too", "constant", "at_import", "computed"):
+        p = selection.patches(name)
+        assert p.everywhere, name
+        assert "ck.CheckpointManager.apply_retention" in p.functions, name
+        assert set(selection.selection(p, base, ["a", "b"]).values()) == {None}, name
+
+
+def test_a_scenario_that_reaches_a_replaced_line_or_does_not_pass_on_the_reference_is_run():
+    keeps = selection.patches("keeps_one_fewer")
+    file, lines = keeps.functions["ck.CheckpointManager.apply_retention"]
+    inside = str(sorted(lines)[len(lines) // 2])
+    base = {"walls": {"reaches": 1.0, "misses": 1.0},
+            "reached": {file: {inside: ["reaches"], str(min(lines) - 1): ["misses"]}}}
+    chosen = selection.selection(keeps, base, ["reaches", "misses", "failed on the reference"])
+    assert chosen["reaches"] is None and chosen["failed on the reference"] is None
+    assert chosen["misses"] == "never reaches ck.CheckpointManager.apply_retention; same run as the reference"

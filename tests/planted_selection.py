@@ -1,0 +1,325 @@
+"""Which scenarios of the nightly planted-bug matrix (``tests/test_planted_matrix.py``) can show a planted
+trainer anything: those whose run of the reference trainer reaches a function the planted module replaces.
+
+A planted trainer is the reference trainer with a few functions replaced at import. On a scenario whose
+coverage-measured run of the unmodified reference never executes a line of those functions, the planted
+trainer runs exactly as the reference, so running it there shows nothing new. ``patches`` reads a planted
+module's source (``ast``) for every patch it makes and resolves each to the original function (its file
+and body lines); anything it cannot resolve (a class, a constant, a module attribute of torch or ``time``,
+a statement at import that may act beyond the functions it replaces) sends the module to every scenario,
+with the reason. ``selection`` then says, per scenario, whether to run it or why not; the coverage is one
+``ckpt-chaos run --coverage`` of the matrix's scenarios (``make_coverage``), read with
+``benchmarks/mutation.py``'s ``baseline``. Only a scenario that passes on the reference counts as
+evidence: any other is run for every module.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PLANTED = REPO / "tests" / "planted"
+
+_spec = importlib.util.spec_from_file_location("mutation", REPO / "benchmarks" / "mutation.py")
+mutation = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mutation)
+
+# What ``ckpt-chaos run --coverage`` measures in a trainer module's processes (``trainer_coverage.
+# default_sources``): the reference trainer's package and the layout helpers it shares with the harness.
+# A patch is resolvable only to a function of these files.
+MEASURED_PACKAGES = ("reference_trainer",)
+MEASURED_MODULES = ("ckpt_chaos.probe.layout",)
+FINGERPRINT = "matrix-fingerprint.json"  # beside results.json in a coverage run this module made
+
+
+def measured_files() -> list[str]:
+    files = [str(p.relative_to(REPO)) for pkg in MEASURED_PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))]
+    return files + [m.replace(".", "/") + ".py" for m in MEASURED_MODULES]
+
+
+def _measured_module(name: str) -> bool:
+    return name in MEASURED_MODULES or any(name == p or name.startswith(p + ".") for p in MEASURED_PACKAGES)
+
+
+# ---- what a planted module replaces ---------------------------------------------------------------
+
+@dataclass
+class Patches:
+    module: str
+    functions: dict[str, tuple[str, frozenset[int]]] = field(default_factory=dict)  # target -> (file, body lines)
+    fallback: list[str] = field(default_factory=list)  # why it must run everywhere; empty: it need not
+
+    @property
+    def everywhere(self) -> bool:
+        return bool(self.fallback)
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` -> ["a", "b", "c"]; None for anything but names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def _imports(tree: ast.Module) -> dict[str, tuple[str, str | None]]:
+    """Module-level name -> (module, attribute or None) it was imported as."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = (a.name if a.asname else a.name.split(".")[0], None)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            for a in node.names:
+                out[a.asname or a.name] = (node.module, a.name)
+    return out
+
+
+def _bound(module: str, attr: str | None):
+    mod = importlib.import_module(module)
+    if attr is None:
+        return mod
+    if hasattr(mod, attr):
+        return getattr(mod, attr)
+    return importlib.import_module(f"{module}.{attr}")
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+
+
+def _in_function(tree: ast.Module) -> set[int]:
+    """ids of the nodes inside a def or lambda: what runs only when the planted module calls it."""
+    inner = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inner.update(id(n) for n in ast.walk(node) if n is not node)
+    return inner
+
+
+def _targets(tree: ast.Module) -> list[tuple[ast.AST, ast.AST]]:
+    """(statement, target) of every assignment, deletion and ``setattr`` call."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            stack = list(node.targets)
+            while stack:
+                t = stack.pop()
+                if isinstance(t, (ast.Tuple, ast.List)):
+                    stack += t.elts
+                else:
+                    out.append((node, t))
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            out.append((node, node.target))
+        elif isinstance(node, ast.Delete):
+            out += [(node, t) for t in node.targets]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            obj, name = (node.args + [None, None])[:2]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str) and obj is not None:
+                out.append((node, ast.Attribute(value=obj, attr=name.value, ctx=ast.Store())))
+            else:
+                out.append((node, node))  # a name only known at run time: unresolvable
+    return out
+
+
+def function_lines(fn) -> tuple[str, frozenset[int]]:
+    """The file (relative to the repository) of a function and the lines of its body: what coverage records
+    only when it is called (its ``def`` line and decorators run at import)."""
+    fn = inspect.unwrap(fn)
+    path = Path(inspect.getsourcefile(fn)).resolve()
+    _, first = inspect.getsourcelines(fn)
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == fn.__name__
+                and min([node.lineno, *(d.lineno for d in node.decorator_list)]) == first):
+            return str(path.relative_to(REPO)), frozenset(range(node.body[0].lineno, node.end_lineno + 1))
+    raise LookupError(f"no def {fn.__name__} at {path}:{first}")
+
+
+# The trainer processes' own code besides the measured files, where a reader of a rebound global would hide.
+TRAINER_SIDE = ("ckpt_chaos/probe",)
+
+
+def readers(module, name: str) -> dict[str, tuple[str, frozenset[int]]]:
+    """A global ``name`` of ``module`` rebound to something other than a function (a constant, a class, a
+    module): its effect lies in the functions that read it when called (what read it at import, a class
+    body, a default argument, a subclass, read the original already). Those are, conservatively, every
+    function of a measured file that names it (``name``, ``x.name`` or the string ``"name"``), each as if
+    replaced; LookupError where none does, or where one lies outside the measured files."""
+    found: dict[str, tuple[str, frozenset[int]]] = {}
+    side = [str(p.relative_to(REPO)) for d in TRAINER_SIDE for p in sorted((REPO / d).glob("*.py"))]
+    for file in dict.fromkeys([*measured_files(), *side]):
+        tree = ast.parse((REPO / file).read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if any(isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.Attribute) and n.attr == name
+                   or isinstance(n, ast.alias) and name in (n.name, n.asname)
+                   or isinstance(n, ast.Constant) and n.value == name for n in ast.walk(node)):
+                fn = getattr(node, "name", "<lambda>")
+                if file not in measured_files():
+                    raise LookupError(f"{file}:{node.lineno} ({fn}) reads {name}, and the coverage does not "
+                                      "measure that file")
+                body = node.body[0] if isinstance(node.body, list) else node  # a lambda: its own line(s)
+                found[f"{file}:{fn}:{node.lineno} (reads {module.__name__}.{name})"] = (
+                    file, frozenset(range(body.lineno, node.end_lineno + 1)))
+    if not found:
+        raise LookupError(f"no function of the measured files reads {name}")
+    return found
+
+
+def _original(obj, name: str) -> list:
+    """The functions behind attribute ``name`` of ``obj`` (a property's accessors), or [] if it is no function."""
+    raw = inspect.getattr_static(obj, name)
+    if isinstance(raw, (staticmethod, classmethod)):
+        raw = raw.__func__
+    if isinstance(raw, property):
+        return [f for f in (raw.fget, raw.fset, raw.fdel) if f is not None]
+    if inspect.isfunction(inspect.unwrap(raw)) and inspect.unwrap(raw).__name__ != "<lambda>":
+        return [raw]
+    return []
+
+
+def patches(module: str) -> Patches:
+    """Every patch planted module ``module`` (a stem of ``tests/planted``) makes, resolved to the reference's
+    original functions; ``fallback`` says why it must run on every scenario where any is not."""
+    planted = [m for m in sys.modules if m.startswith("tests.planted.")]
+    if planted:  # its import replaced the reference's functions in this process: what we would read is theirs
+        raise RuntimeError(f"{planted} imported in this process: the reference trainer here is patched")
+    source = (PLANTED / f"{module}.py").read_text()
+    tree = ast.parse(source)
+    imports = _imports(tree)
+    inner = _in_function(tree)
+    out = Patches(module)
+    for node in tree.body:  # what runs at import besides imports, defs and plain names
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) or _is_main_guard(node):
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            continue  # its targets are judged below
+        if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                and ast.unparse(node.value.func) == "setattr"):
+            continue  # judged below
+        out.fallback.append(f"line {node.lineno}: `{ast.unparse(node)[:60]}` runs at import and may act beyond "
+                            "the functions it replaces")
+    for stmt, target in _targets(tree):
+        where = f"line {stmt.lineno}: `{ast.unparse(target)}`"
+        if isinstance(target, ast.Name):
+            continue  # the planted module's own name
+        chain = _chain(target.value if isinstance(target, ast.Subscript) else target)
+        root = chain[0] if chain else None
+        if id(stmt) in inner and root not in imports:
+            continue  # a local's state, in code that runs only where the module calls it
+        if isinstance(stmt, ast.Delete) or isinstance(target, ast.Subscript) or chain is None or len(chain) < 2:
+            out.fallback.append(f"{where}: a deletion, an item or a computed target")
+            continue
+        if root not in imports or not (_measured_module(imports[root][0])
+                                       or _measured_module(".".join(filter(None, imports[root])))):
+            out.fallback.append(f"{where}: not rooted in a module the coverage measures (reference_trainer, "
+                                "ckpt_chaos.probe.layout)")
+            continue
+        try:
+            obj = _bound(*imports[root])
+            for part in chain[1:-1]:
+                obj = getattr(obj, part)
+            originals = _original(obj, chain[-1])
+        except (AttributeError, ImportError) as e:
+            out.fallback.append(f"{where}: {type(e).__name__}: {e}")
+            continue
+        if not originals and inspect.ismodule(obj) and len(chain) == 2:
+            try:
+                out.functions.update(readers(obj, chain[-1]))
+            except LookupError as e:
+                out.fallback.append(f"{where}: {e}")
+            continue
+        if not originals:
+            out.fallback.append(f"{where}: replaces a {type(inspect.getattr_static(obj, chain[-1])).__name__}, "
+                                "not a function")
+            continue
+        for fn in originals:
+            file, lines = function_lines(fn)
+            if file not in measured_files():
+                out.fallback.append(f"{where}: its original is in {file}, which the coverage does not measure")
+                break
+            key = ast.unparse(target) if len(originals) == 1 else f"{ast.unparse(target)}.{fn.__name__}"
+            out.functions[key] = (file, lines)
+    if not out.functions and not out.fallback:
+        out.fallback.append("no patch found")
+    return out
+
+
+# ---- which scenarios ------------------------------------------------------------------------------
+
+def selection(p: Patches, base: dict, scenarios: list[str]) -> dict[str, str | None]:
+    """Scenario -> None (run it) or why not (its reference run never reaches a replaced function).
+    ``base``: ``mutation.baseline`` of a coverage run of ``scenarios``."""
+    out: dict[str, str | None] = {}
+    for name in scenarios:
+        if p.everywhere or name not in base["walls"]:  # unresolved, or no evidence: the reference did not pass
+            out[name] = None
+            continue
+        reached = [t for t, (file, lines) in p.functions.items()
+                   if file not in base["reached"] or name in mutation.select(base, file, sorted(lines))]
+        out[name] = None if reached else (f"never reaches {', '.join(sorted(p.functions))}; "
+                                          "same run as the reference")
+    return out
+
+
+# ---- the coverage of the reference over the matrix's scenarios -------------------------------------
+
+# What a coverage run must have been made on to be reused (``$CKPT_CHAOS_MATRIX_COVERAGE``): the measured
+# trainer and the probe it calls, with the scenarios' own files. A change to the harness elsewhere (a check,
+# a fault) does not void it; a session that makes its own always measures the tree it runs.
+FINGERPRINTED = ("reference_trainer", "ckpt_chaos/probe")
+
+
+def fingerprint(scenario_files: list[str]) -> str:
+    """The tracked sources of ``FINGERPRINTED`` (``mutation.fingerprint``), and each scenario's file."""
+    h = hashlib.sha256(mutation.fingerprint({"reached": {}}, [], fingerprinted=FINGERPRINTED).encode())
+    for f in sorted(scenario_files):
+        h.update(Path(f).name.encode() + b"\0" + Path(f).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def usable(suite_dir: Path, scenario_files: list[str]) -> str | None:
+    """Why the coverage run in ``suite_dir`` cannot stand for this tree and these scenarios, or None."""
+    stamp = suite_dir / FINGERPRINT
+    if not stamp.is_file():
+        return f"no {FINGERPRINT} in {suite_dir}"
+    if json.loads(stamp.read_text())["fingerprint"] != fingerprint(scenario_files):
+        return f"{suite_dir} was measured on other sources or scenarios than these"
+    return None
+
+
+def make_coverage(reports: Path, golden: Path, scenario_files: list[str]) -> Path:
+    """One serial ``ckpt-chaos run --coverage`` of ``scenario_files`` on this tree, as ``mutation.make_baseline``
+    runs the default suite; its suite folder, stamped with the fingerprint it was made at."""
+    print_ = fingerprint(scenario_files)
+    cmd = [mutation._tool("ckpt-chaos"), "run", "--coverage", "--plots", "none", "--golden-dir", str(golden),
+           "--reports", str(reports), *scenario_files]
+    t0 = time.monotonic()
+    subprocess.run(cmd, cwd=REPO, env={k: v for k, v in os.environ.items() if k != "CKPT_CHAOS_GOLDEN_TREE"},
+                   stdout=subprocess.DEVNULL)
+    suite = (reports / "custom" / "latest").resolve()
+    (suite / FINGERPRINT).write_text(json.dumps({"fingerprint": print_, "wall_s": time.monotonic() - t0}))
+    return suite
+
+
+def baseline(suite_dir: Path) -> dict:
+    """``mutation.baseline`` over every measured file (a planted module may replace any of them)."""
+    return mutation.baseline(suite_dir, {f: None for f in measured_files()})
