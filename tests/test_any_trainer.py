@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 EXAMPLE = REPO / "examples" / "plain_ddp"
 MID_WRITE = EXAMPLE / "scenarios" / "plain-ddp-kill-rank0-mid-file-write.toml"
+DISK_FULL = EXAMPLE / "scenarios" / "plain-ddp-disk-full-during-save.toml"
 
 
 @pytest.fixture(scope="module")
@@ -40,20 +41,24 @@ def plant(tmp_path: Path, *edits: tuple[str, str]) -> Path:
     return copy
 
 
-def run_against_the_example(tmp_path: Path, golden_root: Path, monkeypatch, *edits: tuple[str, str]):
-    """The mid-write scenario on the example with a bug planted in its resume only, judged against the
+def run_against_the_example(tmp_path: Path, golden_root: Path, monkeypatch, *edits: tuple[str, str],
+                            scenario: Path = MID_WRITE):
+    """The mid-write scenario (or ``scenario``) on the example with a bug planted in its resume only, judged against the
     unmodified example's golden run, as mutation testing judges a mutant (``$CKPT_CHAOS_GOLDEN_TREE``):
     the planted copy takes the example's place in a copy of its folder, and the golden run the session
     made from the repository (``plain_ddp_mid_write``, a fixture of each caller) is the oracle. A bug
     confined to the resume leaves the fault-free run as it was, so this is the golden run the copy
     would make (twice, for determinism): one made per session instead of two per test."""
+    from ckpt_chaos.run.command import golden_run
+
+    golden_run(load(scenario), golden_root)  # from the repository, once per session (another scenario's key)
     project = tmp_path / "project"
     copy = project / "examples" / "plain_ddp" / "train.py"
     copy.parent.mkdir(parents=True)
     copy.write_text(planted(*edits))
     monkeypatch.chdir(project)
     monkeypatch.setenv(ENV_GOLDEN_TREE, str(REPO))
-    return run_scenario(load(MID_WRITE), tmp_path / "out", golden_root)
+    return run_scenario(load(scenario), tmp_path / "out", golden_root)
 
 
 def run(tmp_path: Path, golden_root: Path, trainer: Path | None = None):
@@ -130,6 +135,30 @@ def test_a_resume_that_does_not_restore_the_step_counter_is_caught_and_named(tmp
     assert verdict == "fail", r.checks
     assert detail.startswith("steps 13..16 were trained, past the golden run's last step 12"), detail
     assert "its step counter was not restored" in detail, detail
+
+
+def test_a_save_that_swallows_its_write_error_is_caught_although_no_relaunch_came(tmp_path, golden_root, monkeypatch):
+    # torch.save's ENOSPC ignored: the empty temporary file is fsynced and renamed over the name the loop
+    # resumes from, training goes on, and retention deletes the last whole checkpoint. The job ends with
+    # exit status 0 and the trajectory of the golden run, so only what it left, and the stop and relaunch
+    # the scenario promises, show the bug
+    r = run_against_the_example(tmp_path, golden_root, monkeypatch,
+                                ("    torch.save(state, tmp)\n",
+                                 "    try:\n        torch.save(state, tmp)\n    except OSError:\n        pass\n"),
+                                scenario=DISK_FULL)
+    assert r.verdict == "fail"
+    c = checks(r)
+    assert c["job_completed"][0] == "pass" and c["trajectory"][0] == "pass", r.checks
+    verdict, detail = c["committed_valid"]
+    assert verdict == "fail", r.checks
+    assert detail.startswith("the job ended (launch 0, exit status 0) counting checkpoints/step_00000008.pt, "
+                             "checkpoints/step_00000012.pt complete (command.complete), but "
+                             "checkpoints/step_00000008.pt: "), detail
+    assert detail.endswith("a relaunch would resume from a torn checkpoint; no whole checkpoint is left"), detail
+    assert c["fault_0_job_failed"] == ("fail", "launch 0 exited with status 0, where the scenario expects it to "
+                                               "fail (expect.job_fails)"), r.checks
+    verdict, detail = c["resume_from"]
+    assert verdict == "fail" and "no relaunch came" in detail, r.checks
 
 
 @pytest.mark.nightly

@@ -3,16 +3,22 @@ layer saw (its points in ``history.jsonl``, its ``trajectory.jsonl``) and what t
 counts as a complete checkpoint (``command.complete``, listed at the end of every launch).
 
 * ``job_completed``: the last launch exited 0 having trained every step of the golden run;
-* ``job_failed`` (per fault that ends a launch): the faulted launch failed; a SIGTERM was honoured
-  within its grace period;
+* ``job_failed`` (per fault that ends a launch, or of any kind where ``expect.job_fails`` says how
+  the launch ends): the faulted launch failed (or, ``job_fails = false``, did not); a SIGTERM was
+  honoured within its grace period;
 * ``resumed_newest@N``: launch N loaded the newest checkpoint that was complete when launch N-1
   ended, or started fresh when there was none;
+* ``resume_from`` (where ``expect.resume_from`` names it): the first relaunch resumed from it; a job
+  that ended without a relaunch fails it, since the promise was a relaunch;
 * ``no_torn_read@N``: launch N did not load a file that was still being written when launch N-1 died;
 * ``lost_work@N``: at most ``command.save_every`` steps trained again;
 * ``trajectory``: every step of the golden run, bit for bit (or within ``expect.rel_tol``), with a
   diagnosis of the first divergent step: which recorded part differs (samples, learning rate, loss)
   and, for the first step after a resume, which part of the state the step started from differs
   from the golden run's at the same step (model, optimizer, RNG);
+* ``committed_valid``: every checkpoint the job counts complete as it ends is whole: none of its
+  files was left mid-write, closed after a failed write, or empty or missing where the golden run's
+  was not. What a relaunch would find is judged even when no relaunch came;
 * ``retention`` (where ``command.keep_last`` declares it): the newest K checkpoints it wrote are kept
   at the end, no more and no fewer (``promises.command_retention``);
 * ``config_refused@N`` / ``config_accepted@N`` (where ``recovery.changes`` changes its options): a
@@ -50,7 +56,9 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     _fault_effects(run, report)
     for launch in run.launches()[1:]:
         _resume(run, ev, report, launch)
+    _no_relaunch(run, report)
     _trajectory(run, ev, report, gold, got)
+    _left_whole(run, ev, report)
     command_retention(run, ev, report)
     _config_changes(run, ev, report)
     return report
@@ -141,9 +149,17 @@ def _fault_effects(run: Run, report: Report) -> None:
                        "the grace period ran out before the launch ended: the trainer ignored its SIGTERM or took "
                        "too long to stop; it was SIGKILLed")
             continue
-        if not fault.ends_launch or ex is None:
+        want = run.s.expect.job_fails
+        if want is None and not fault.ends_launch:
+            continue  # whether the job stops is the trainer's policy, unless the scenario says
+        want = True if want is None else want
+        if ex is None:
+            report.add("job_failed", "unknown", fault=h.index, detail=f"how launch {h.launch} ended was not recorded")
             continue
-        report.add("job_failed", ex.rc != 0, fault=h.index, detail=f"launch {h.launch} exited with status {ex.rc}")
+        ok = (ex.rc != 0) == want
+        report.add("job_failed", ok, fault=h.index, detail=f"launch {h.launch} exited with status {ex.rc}"
+                   + ("" if ok else f", where the scenario expects it to {'fail' if want else 'succeed'}"
+                      " (expect.job_fails)"))
 
 
 def _resume(run: Run, ev: Evidence, report: Report, launch: int) -> None:
@@ -199,6 +215,58 @@ def _resume(run: Run, ev: Evidence, report: Report, launch: int) -> None:
                    r.missing if not r.decided else f"launch {launch} resumed from {r.checkpoint or 'scratch'}"
                    + ("" if name == want or r.checkpoint == want else f", expected {want}"))
     _lost_work(run, ev, report, launch, lost)
+
+
+def _no_relaunch(run: Run, report: Report) -> None:
+    """``expect.resume_from`` promises a relaunch; a job that ended in one launch broke the promise
+    (``_resume`` judges the relaunches that came)."""
+    want = run.s.expect.resume_from
+    if want is None or len(run.launches()) > 1:
+        return
+    ex = run.exit_of(run.launches()[-1]) if run.launches() else None
+    how = "was not recorded" if ex is None else f"was exit status {ex.rc}"
+    report.add("resume_from", False, f"the scenario expects a relaunch to resume from {want}, but no relaunch came: "
+               f"the job ended in one launch, whose end {how}" + (
+                   "; the fault did not stop it (see expect.job_fails and the trainer's own log)"
+                   if ex is not None and ex.rc == 0 and run.faults() else ""))
+
+
+def _left_whole(run: Run, ev: Evidence, report: Report) -> None:
+    """The checkpoints the job counts complete as it ends (``command.complete`` in its folder, after its
+    last launch) are whole: what a relaunch would resume from, judged even when none came. A launch a
+    fault ended, with no relaunch after it, leaves ``unknown``: whether the trainer's own load would
+    take such a file is not shown."""
+    launches = run.launches()
+    if not launches:
+        return
+    last = launches[-1]
+    ex = run.exit_of(last)
+    if ex is None or ex.complete is None:
+        report.add("committed_valid", "unknown", f"what launch {last} left complete was not recorded")
+        return
+    torn = ev.torn(last)
+    if run.s.resumed_world_size() != run.s.world_size:
+        # a resume at another world size writes other files per checkpoint than the golden run
+        torn = {p: how for p, how in torn.items() if not how.startswith("missing")}
+    hit = {p: [f"{t}: {torn[t]}" for t in sorted(torn) if _within(t, p) or _within(t, ev.checkpoint_of(p) or p)]
+           for p in sorted(ex.complete)}
+    hit = {p: why for p, why in hit.items() if why}
+    if not hit:
+        report.add("committed_valid", True, f"the {len(ex.complete)} checkpoint(s) counted complete as the job "
+                   f"ended hold no file left mid-write, closed after a failed write, or empty or missing where the "
+                   f"golden run's was not")
+        return
+    ended_by = [h for h in run.faults() if h.launch == last and run.s.faults[h.index].ends_launch]
+    names = ", ".join(hit)
+    why = "; ".join(w for ws in hit.values() for w in ws[:3])
+    if ended_by:
+        report.add("committed_valid", "unknown", f"launch {last}, which a fault ended, left {names} counted complete "
+                   f"(command.complete) but torn ({why}); no relaunch came to show whether the trainer's load "
+                   "would take it")
+        return
+    report.add("committed_valid", False, f"the job ended (launch {last}, exit status {ex.rc}) counting {names} "
+               f"complete (command.complete), but {why}: a relaunch would resume from a torn checkpoint"
+               + ("" if len(hit) < len(ex.complete) else "; no whole checkpoint is left"))
 
 
 def _lost_work(run: Run, ev: Evidence, report: Report, launch: int, lost: str | None) -> None:
