@@ -200,6 +200,19 @@ def matrix_coverage(command_golden_root, tmp_path_factory) -> dict:
     return {"dir": str(suite.resolve()), "base": selection.baseline(suite), "note": note}
 
 
+# Planted trainers that make test catches with a case generated from their catcher's file (the relaunch that
+# changes this field: ckpt_chaos.check.promises.relaunch_cases), not with the file as written: refusing only
+# the learning rate passes the file's own change of the learning rate. The matrix runs that case as well.
+GENERATED_CATCH = {"refuses_only_lr": "seed"}
+
+
+def test_every_generated_catch_is_the_case_its_make_test_test_runs():
+    for module, field in GENERATED_CATCH.items():
+        file, name = CATCHES[module][1].split("::")
+        source = ast.unparse(_functions(REPO / "tests" / file)[name])
+        assert "relaunch_cases" in source and f"c.field == {field!r}" in source, (module, field, name)
+
+
 @pytest.mark.nightly
 @pytest.mark.slow
 # past the suite's 600 s: the first to ask makes the coverage run (14 min on 2 cores, docs/benchmarks.md),
@@ -228,6 +241,16 @@ def test_each_planted_trainer_against_the_default_suite(module, tmp_path, golden
         r = run_scenario(dataclasses.replace(s, trainer_module=f"tests.planted.{module}"), tmp_path / "runs",
                          golden_root)
         verdicts[s.name] = r.verdict
+    if module in GENERATED_CATCH:
+        from ckpt_chaos.check.promises import relaunch_cases
+
+        field = GENERATED_CATCH[module]
+        cases, _ = relaunch_cases(load(builtin_scenarios() / CATCHES[module][0]))
+        case = next(c for c in cases if c.field == field)
+        r = run_scenario(dataclasses.replace(case.scenario, trainer_module=f"tests.planted.{module}"),
+                         tmp_path / "runs", golden_root)
+        catcher = f"{catcher}[{field}]"
+        verdicts[catcher] = r.verdict
     (tmp_path / "matrix.json").write_text(json.dumps({
         "module": module, "verdicts": verdicts, "not_run": not_run,
         "replaces": {t: [f, min(lines), max(lines)] for t, (f, lines) in patches.functions.items()},
