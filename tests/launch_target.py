@@ -1,7 +1,7 @@
 """A tiny job for the launcher tests: each rank records what it was given, then does as told.
 
-``python -m tests.launch_target OUT ACTION``: ``ok`` exits 0; ``fail`` makes rank 1 exit 3 while
-rank 0 sleeps; ``term`` waits for SIGTERM and exits 0 on it; ``collective`` runs a gloo all_reduce
+``python -m tests.launch_target OUT ACTION``: ``ok`` exits 0; ``fail`` makes rank 1 exit 3, once rank 0
+is up, while rank 0 sleeps; ``term`` waits for SIGTERM and exits 0 on it; ``collective`` runs a gloo all_reduce
 through the launcher's store.
 """
 
@@ -26,6 +26,11 @@ def main() -> int:
     os.replace(f"{out}/rank{rank}.json.tmp", f"{out}/rank{rank}.json")  # whole when the test sees it
     if action == "fail":
         if rank == 1:
+            # fail only once rank 0 is up: on a busy machine torchrun may start it after rank 1 is done,
+            # and the test reads the pid of the peer it closed
+            end = time.monotonic() + 60
+            while not os.path.exists(f"{out}/rank0.json") and time.monotonic() < end:
+                time.sleep(0.02)
             return 3
         time.sleep(60)
     if action == "term":
