@@ -49,6 +49,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's own modules, also where ckpt-chaos is not installed (the GPU machine)
+from ckpt_chaos.check.history import read_jsonl  # noqa: E402  (stdlib only: safe before the preflight)
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 # the scenarios' training, also that of the direct runs (stages 2 and 3)
 TRAIN = {"max_steps": 12, "ckpt_every_steps": 4, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
@@ -80,18 +82,6 @@ class Checks:
     @property
     def failed(self) -> list[dict]:
         return [r for r in self.rows if r["verdict"] == "FAIL"]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line cut by a kill
-    return out
 
 
 def by_step(run_dir: Path) -> dict[int, dict]:
