@@ -166,8 +166,7 @@ def _resume(run: Run, ev: Evidence, report: Report, launch: int) -> None:
     before = run.exit_of(launch - 1)
     torn = ev.torn(launch - 1)
     # a checkpoint with a torn or missing file is not complete, whatever its name says
-    complete = {p: v for p, v in ((before.complete or {}) if before else {}).items()
-                if not any(_within(t, p) or _within(t, ev.checkpoint_of(p) or p) for t in torn)}
+    complete = {p: v for p, v in ((before.complete or {}) if before else {}).items() if not _torn_in(ev, torn, p)}
     r = ev.resumed_from(launch)
     newest = max(complete, key=lambda p: (complete[p]["mtime_ns"], p)) if complete else None
     newest_ckpt = (ev.checkpoint_of(newest) or newest) if newest else None
@@ -248,8 +247,7 @@ def _left_whole(run: Run, ev: Evidence, report: Report) -> None:
     if run.s.resumed_world_size() != run.s.world_size:
         # a resume at another world size writes other files per checkpoint than the golden run
         torn = {p: how for p, how in torn.items() if not how.startswith("missing")}
-    hit = {p: [f"{t}: {torn[t]}" for t in sorted(torn) if _within(t, p) or _within(t, ev.checkpoint_of(p) or p)]
-           for p in sorted(ex.complete)}
+    hit = {p: [f"{t}: {torn[t]}" for t in _torn_in(ev, torn, p)] for p in sorted(ex.complete)}
     hit = {p: why for p, why in hit.items() if why}
     if not hit:
         report.add("committed_valid", True, f"the {len(ex.complete)} checkpoint(s) counted complete as the job "
@@ -296,6 +294,11 @@ def _lost_work(run: Run, ev: Evidence, report: Report, launch: int, lost: str | 
 
 def _within(path: str, entry: str) -> bool:
     return path == entry or path.startswith(entry.rstrip("/") + "/")
+
+
+def _torn_in(ev: Evidence, torn: dict[str, str], entry: str) -> list[str]:
+    """The torn files of the checkpoint a complete entry belongs to (the entry itself, or its folder)."""
+    return [t for t in sorted(torn) if _within(t, entry) or _within(t, ev.checkpoint_of(entry) or entry)]
 
 
 def _power_loss(run: Run, launch: int) -> str | None:
