@@ -24,17 +24,30 @@ from ckpt_chaos.scenario import ScenarioError, from_dict, load
 SCENARIOS = builtin_scenarios() / "remote"
 
 
-def _no_children_left() -> None:
+def _children() -> dict[tuple[int, float], str]:
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out[p.pid, p.create_time()] = " ".join(p.cmdline()[:4])
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _no_children_left(before: dict[tuple[int, float], str]) -> None:
+    """Nothing the run started outlives it. Only what it started: a worker process keeps children of
+    its own across tests (multiprocessing's resource tracker, once any test used a semaphore)."""
     launcher.close_spares()  # the warm launcher agents are the harness's, kept for the next launch
-    alive = [p for p in psutil.Process().children(recursive=True) if p.is_running()
-             and p.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"left running: {[' '.join(p.cmdline()[:4]) for p in alive]}"
+    alive = [cmd for key, cmd in _children().items() if key not in before]
+    assert not alive, f"left running: {alive}"
 
 
 def _run(tmp_path, golden_root, scenario_file: str, module: str = "reference_trainer"):
     s = dataclasses.replace(load(SCENARIOS / scenario_file), trainer_module=module)
+    before = _children()
     result = run_scenario(s, tmp_path, golden_root)
-    _no_children_left()
+    _no_children_left(before)
     return result
 
 
