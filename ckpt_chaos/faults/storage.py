@@ -324,6 +324,23 @@ def _save_failed_before(fault: Fault, reported: list[dict]) -> str | None:
     return None
 
 
+def _ended_first(run: Run, h: FaultFired) -> str | None:
+    """Why an errno fault's call never came, if a later fault of its launch ended the processes it
+    armed before the save they were in could commit (a kill at the same trigger); None otherwise."""
+    ex = run.exit_of(h.launch)
+    if ex is None or ex.rc == 0:
+        return None
+    for x in run.faults():
+        if x.launch != h.launch or x.t < h.t or x.index == h.index or not set(x.pids) & set(h.pids):
+            continue
+        if any(h.t <= e.get("t", 0) <= x.t for e in run.trainer("committed", h.launch)):
+            return None  # a save committed in between: the armed call should have come
+        return (f"fault {x.index} ({x.fault}) hit the same process(es) {sorted(set(x.pids) & set(h.pids))} "
+                f"before any save committed and launch {h.launch} ended with status {ex.rc}, so no "
+                f"{run.s.faults[h.index].params.call} call could come")
+    return None
+
+
 def _reported(run: Run, h: FaultFired) -> list[dict]:
     return [e for e in run.events if e["event"] in SURFACED and e.get("attempt") == h.launch and e.get("t", 0) >= h.t]
 
@@ -372,6 +389,8 @@ def _errno_effect(run: Run, h: FaultFired, report: Report) -> None:
                            fault=h.index)
             elif failed_first is not None:
                 report.add("injected", "n/a", f"not reached: {failed_first}", fault=h.index)
+            elif (cut := _ended_first(run, h)) is not None:
+                report.add("injected", "n/a", f"not reached: {cut}", fault=h.index)
             else:
                 report.add("injected", False, fault=h.index, detail=
                            f"no {fault.params.call} call on a path matching {fault.params.path!r} came after the "
