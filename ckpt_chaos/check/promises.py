@@ -115,10 +115,14 @@ def _lost_disks(run: Run) -> list[float]:
     return [h.t for h in run.faults() if run.s.faults[h.index].spec.loses_disk]
 
 
-def _damaged(run: Run) -> dict[str, float]:
-    """Local checkpoints a fault damaged on purpose -> when."""
-    return {h.detail.get("checkpoint"): h.t for h in run.faults()
-            if run.s.faults[h.index].spec.damages and not h.detail.get("remote")}
+def _damaged(run: Run) -> dict[str, list[float]]:
+    """Local checkpoints a fault damaged on purpose -> each time one did (a name committed again by a
+    relaunch can be damaged again)."""
+    out: dict[str, list[float]] = {}
+    for h in run.faults():
+        if run.s.faults[h.index].spec.damages and not h.detail.get("remote"):
+            out.setdefault(h.detail.get("checkpoint"), []).append(h.t)
+    return out
 
 
 def commits(run: Run) -> list[Commit]:
@@ -149,7 +153,7 @@ def ledger(run: Run, until: float = float("inf"), damaged_out: bool = True) -> d
     rejected = [(e["name"], e.get("t", 0)) for e in run.trainer("ckpt_rejected")]
     damaged = _damaged(run)
     for name, c in list(out.items()):
-        c.damaged = c.t <= damaged.get(name, -1.0) <= until
+        c.damaged = any(c.t <= t <= until for t in damaged.get(name, []))
         if any(c.t <= t <= until for t in _lost_disks(run)) or any(
                 n == name and c.t <= t <= until for n, t in rejected) or (damaged_out and c.damaged):
             del out[name]
