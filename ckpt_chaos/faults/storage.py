@@ -365,6 +365,13 @@ def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) 
     ok = bool(reported) or stopped
     what = (f"{fault.kind} ({fault.params.errno} on {fault.params.call})" if fault.kind == "errno"
             else fault.kind)
+    went_on = [e for e in run.trainer("committed", h.launch) if e.get("t", 0) > h.t]
+    if not ok and hits is None and later and ex is not None and ex.rc != 0 and not went_on:
+        report.add("surfaced", "unknown", fault=h.index, detail=
+                   f"fault {later[0].index} ({later[0].fault}) ended launch {h.launch} (status {ex.rc}) before "
+                   f"any save committed after {what}, and no failed call was recorded: whether it made a call fail, "
+                   "and whether the trainer would have reported that, was not shown")
+        return
     report.add("surfaced", ok, fault=h.index, detail=
                f"the trainer reported it: {reported[0]['event']} {reported[0].get('name', '')}".rstrip()
                if reported else f"launch {h.launch} stopped with status {ex.rc}" + (
