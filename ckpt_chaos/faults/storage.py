@@ -324,21 +324,15 @@ def _save_failed_before(fault: Fault, reported: list[dict]) -> str | None:
     return None
 
 
-def _ended_first(run: Run, h: FaultFired) -> str | None:
-    """Why an errno fault's call never came, if a later fault of its launch ended the processes it
-    armed before the save they were in could commit (a kill at the same trigger); None otherwise."""
+def _cut_short(run: Run, h: FaultFired) -> FaultFired | None:
+    """The later fault that ended ``h``'s launch before the trainer could show what ``h`` did: the launch
+    exited non-zero, no save committed after ``h``, and that fault hit ``h``'s processes (any, where ``h``
+    names none, as a full disk does); None otherwise."""
     ex = run.exit_of(h.launch)
-    if ex is None or ex.rc == 0:
+    if ex is None or ex.rc == 0 or any(e.get("t", 0) > h.t for e in run.trainer("committed", h.launch)):
         return None
-    for x in run.faults():
-        if x.launch != h.launch or x.t < h.t or x.index == h.index or not set(x.pids) & set(h.pids):
-            continue
-        if any(h.t <= e.get("t", 0) <= x.t for e in run.trainer("committed", h.launch)):
-            return None  # a save committed in between: the armed call should have come
-        return (f"fault {x.index} ({x.fault}) hit the same process(es) {sorted(set(x.pids) & set(h.pids))} "
-                f"before any save committed and launch {h.launch} ended with status {ex.rc}, so no "
-                f"{run.s.faults[h.index].params.call} call could come")
-    return None
+    return next((x for x in run.faults() if x.launch == h.launch and x.t >= h.t and x.index != h.index
+                 and (not h.pids or set(x.pids) & set(h.pids))), None)
 
 
 def _reported(run: Run, h: FaultFired) -> list[dict]:
@@ -365,10 +359,9 @@ def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) 
     ok = bool(reported) or stopped
     what = (f"{fault.kind} ({fault.params.errno} on {fault.params.call})" if fault.kind == "errno"
             else fault.kind)
-    went_on = [e for e in run.trainer("committed", h.launch) if e.get("t", 0) > h.t]
-    if not ok and hits is None and later and ex is not None and ex.rc != 0 and not went_on:
+    if not ok and hits is None and (cut := _cut_short(run, h)) is not None:
         report.add("surfaced", "unknown", fault=h.index, detail=
-                   f"fault {later[0].index} ({later[0].fault}) ended launch {h.launch} (status {ex.rc}) before "
+                   f"fault {cut.index} ({cut.fault}) ended launch {h.launch} (status {ex.rc}) before "
                    f"any save committed after {what}, and no failed call was recorded: whether it made a call fail, "
                    "and whether the trainer would have reported that, was not shown")
         return
@@ -396,8 +389,11 @@ def _errno_effect(run: Run, h: FaultFired, report: Report) -> None:
                            fault=h.index)
             elif failed_first is not None:
                 report.add("injected", "n/a", f"not reached: {failed_first}", fault=h.index)
-            elif (cut := _ended_first(run, h)) is not None:
-                report.add("injected", "n/a", f"not reached: {cut}", fault=h.index)
+            elif (cut := _cut_short(run, h)) is not None:
+                report.add("injected", "n/a", fault=h.index, detail=
+                           f"not reached: fault {cut.index} ({cut.fault}) hit the same process(es) before any save "
+                           f"committed and launch {h.launch} ended with status {run.exit_of(h.launch).rc}, so no "
+                           f"{fault.params.call} call could come")
             else:
                 report.add("injected", False, fault=h.index, detail=
                            f"no {fault.params.call} call on a path matching {fault.params.path!r} came after the "
