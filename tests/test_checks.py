@@ -303,3 +303,46 @@ def test_upload_backoff_fails_a_wait_other_than_configured_or_shorter_than_repor
     assert v == "fail" and "after attempt 2 the uploader waits 0.2s, not upload_backoff_s * 2^1 = 0.4s" in detail
     v, detail = verdict([0.2, 0.4], [0.03, 0.45])  # said it would wait, and did not
     assert v == "fail" and "it said it would wait 0.2s, but its next event (upload_retry) came 0.030s later" in detail
+
+
+def test_a_kill_mid_write_of_a_save_mid_accumulation_is_measured_by_the_plan_the_boundary_saves_vouch_for(tmp_path):
+    """A save mid-accumulation also holds the partial gradients (about 1.3 times a step boundary's
+    file here), so the golden run's files do not measure it; the trainer's planned size does, where
+    its plans for the run's step-boundary saves of the file matched the golden run's."""
+    from ckpt_chaos.check.checks import _faults_landed
+    from ckpt_chaos.check.verdict import Run
+    from ckpt_chaos.scenario_model import Fault, Scenario, Trigger
+
+    golden = tmp_path / "golden"
+    (golden / "checkpoints" / "step_00000008").mkdir(parents=True)
+    (golden / "checkpoints" / "step_00000008" / "manifest.json").write_text(
+        json.dumps({"files": {"__1_0.distcp": {"size": 932791}}}))
+    s = Scenario(name="x", faults=[Fault(kind="kill", target="rank:1",
+                                         when=Trigger(point="ckpt.shard.write", rank=1, min_fraction=0.5))])
+
+    def landed(boundary_plan: int, planned: int = 1211120, done: int = 622814) -> tuple[str, str]:
+        def stage(name, pid=7):
+            return ProbeEvent(t=1.0, point="ckpt.stage", rank=1, pid=pid, launch=0, info={"name": name})
+
+        def write(plan, pid=7):
+            return ProbeEvent(t=1.0, point="ckpt.shard.write", rank=1, pid=pid, launch=0,
+                              info={"file": "__1_0.distcp", "bytes": 1, "fraction": 0.1, "planned": plan})
+        at = {"point": "ckpt.shard.write", "rank": 1,
+              "info": {"file": "__1_0.distcp", "bytes": done, "fraction": 0.5, "planned": planned}}
+        history = [stage("step_00000004"), write(boundary_plan), stage("step_00000007.001"), write(planned),
+                   FaultFired(t=2.0, index=0, fault="kill", target="rank:1", launch=0, at=at,
+                              snapshot_before={"writing": {".tmp-step_00000007.001/__1_0.distcp": done}})]
+        report = Report()
+        _faults_landed(Run(s, tmp_path, golden, history, []), report)
+        (c,) = report.checks
+        return c.verdict, c.detail
+
+    v, detail = landed(929259)
+    assert v == "pass" and "held 51% of its 1211120 bytes" in detail and "step_00000004" in detail, detail
+    v, detail = landed(929259, done=300000)  # a quarter of the file, reported as half
+    assert v == "fail" and "progress its file did not have" in detail, detail
+    v, detail = landed(929259, done=1000000)
+    assert v == "fail" and "later than the file made it" in detail, detail
+    # a planner that counts twice for the boundary saves vouches for nothing: no measure, no verdict
+    v, detail = landed(2 * 929259, planned=2 * 1211120)
+    assert v == "unknown" and "not vouched for" in detail and "step_00000004 planned 1858518" in detail, detail

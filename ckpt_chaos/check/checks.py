@@ -121,16 +121,23 @@ def _faults_landed(run: Run, report: Report) -> None:
             report.add("landed", "unknown", f"the golden run kept no manifest listing {name} to measure it against",
                        fault=h.index)
             continue
-        # the same checkpoint, or the nearest one the golden run's retention kept: a shard's size
-        # moves by a few bytes from step to step (the pickled counters), not by a fraction
-        near = min(sizes, key=lambda c: (c != ckpt, abs((parse_name(c) or (0, 0))[0] - (parse_name(ckpt) or (0, 0))[0])))
-        planned = sizes[near]
+        near = _nearest(sizes, ckpt)
+        planned, measure = sizes[near], f"the golden run's {near}"
+        if point == "ckpt.shard.write" and ckpt not in sizes and (parse_name(ckpt) or (0, 0))[1] > 0:
+            # A save mid-accumulation also holds the partial gradients, and a fault-free run never makes
+            # one: no golden file measures it. The trainer's own planned size does, once the same planner's
+            # sizes for this run's step-boundary saves of the file matched the golden run's.
+            planned, measure = _vouched_plan(run, name, sizes, info.get("planned"))
+            if planned is None:
+                report.add("landed", "unknown", f"{label} is a save mid-accumulation, which the golden run never "
+                           f"makes, and {measure}", fault=h.index)
+                continue
         got = done / planned
         if point == "ckpt.shard.write":
             # the probe reports each tenth of the file, so the first report at the trigger is at most a
             # tenth past it
             early, late = got < fraction - LANDED_SLACK, got > min(1.0, fraction + 0.1 + LANDED_SLACK)
-            said = f"{label} held {got:.0%} of its {planned} bytes (the golden run's {near})"
+            said = f"{label} held {got:.0%} of its {planned} bytes ({measure})"
         else:
             # the HTTP client reads the body in blocks as large as it likes (a small file at once), so
             # only progress claimed beyond the bytes read is wrong
@@ -144,6 +151,39 @@ def _faults_landed(run: Run, report: Report) -> None:
                    f"{said} when the fault fired, for a trigger at {fraction:.0%}" + (
                        ": the trainer's probe reported progress its file did not have" if early else
                        ": the trainer's probe reported progress later than the file made it" if late else ""))
+
+
+def _nearest(sizes: dict[str, int], ckpt: str) -> str:
+    """The same checkpoint, or the nearest one the golden run's retention kept: a shard's size moves by a
+    few bytes from step to step (the pickled counters), not by a fraction."""
+    step = (parse_name(ckpt) or (0, 0))[0]
+    return min(sizes, key=lambda c: (c != ckpt, abs((parse_name(c) or (0, 0))[0] - step)))
+
+
+def _vouched_plan(run: Run, name: str, sizes: dict[str, int], planned) -> tuple[int | None, str]:
+    """The size the trainer planned for a write of ``name`` that no golden file measures, and how it was
+    vouched for: by the sizes the trainer planned for this run's step-boundary saves of the same file,
+    each within ``LANDED_SLACK`` of the golden run's. Otherwise None, and what is missing."""
+    if not isinstance(planned, int) or planned <= 0:
+        return None, "the trainer's probe reported no planned size for it"
+    saving, plans = {}, {}
+    for e in run.probes():
+        if e.point == "ckpt.stage":
+            saving[(e.launch, e.pid)] = str(e.info.get("name"))
+        elif e.point == "ckpt.shard.write" and e.info.get("file") == name and (e.launch, e.pid) in saving:
+            plans[saving[(e.launch, e.pid)]] = e.info.get("planned")
+    boundary = {c: p for c, p in plans.items() if (parse_name(c) or (0, 1))[1] == 0}
+    if not boundary:
+        return None, (f"this run made no step-boundary save of {name} to vouch for the {planned} bytes its "
+                      "trainer planned")
+    golden_of = {c: sizes[_nearest(sizes, c)] for c in boundary}
+    off = [f"{c} planned {p} against {golden_of[c]}" for c, p in sorted(boundary.items())
+           if not isinstance(p, int) or abs(p - golden_of[c]) > LANDED_SLACK * golden_of[c]]
+    if off:
+        return None, (f"the sizes its trainer planned are not vouched for ({first_few(off)}, more than "
+                      f"{LANDED_SLACK:.0%} from the golden run's)")
+    return planned, (f"as its trainer planned: a save mid-accumulation, which the golden run never makes; the "
+                     f"trainer's plans for {', '.join(sorted(boundary))} were within {LANDED_SLACK:.0%} of the golden run's")
 
 
 def _golden_sizes(golden: Path, name: str) -> dict[str, int]:
