@@ -496,8 +496,19 @@ class Cluster:
             self.paused.discard(node)
 
     def _node_processes(self, job: ClusterJob, node: int) -> list[psutil.Process]:
+        # The agent is taken by its pid: a process that has just exec'd has closed its close-on-exec
+        # fds (so Popen has returned) before the kernel sets up its environment, and for that moment
+        # /proc/PID/environ reads empty and the marker scan cannot see it.
         out = []
+        agent = next((a for a in job.agents if a.node == node and a.popen is not None), None)
+        if agent is not None and agent.rc is None:
+            try:
+                out.append(psutil.Process(agent.pid))
+            except psutil.Error:
+                pass
         for p in job_processes(job.marker):
+            if p.pid == (agent.pid if agent else None):
+                continue
             try:
                 if p.environ().get(NODE_ENV) == str(node):
                     out.append(p)
