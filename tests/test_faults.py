@@ -277,3 +277,81 @@ def test_corrupt_edits_a_manifest_and_damages_a_save_in_progress(tmp_path):
     data["faults"][0].update(file="manifest.json", checkpoint="in_progress")
     with pytest.raises(ScenarioError, match=r"faults\[0\].checkpoint: a save in progress has no manifest yet"):
         from_dict(data, "x.toml", "x")
+
+
+def _late_rank_run(tmp_path, wait_s: float | None):
+    """A ChaosRun of two real processes as ranks 0 and 1, with a kill of rank 1 at rank 0's first
+    event; rank 0's event comes in at once, rank 1's ``wait_s`` later (None: never)."""
+    import subprocess
+    import threading
+    import time
+
+    from ckpt_chaos.env.launcher import Job
+    from ckpt_chaos.env.storage import Storage, StorageSpec
+    from ckpt_chaos.faults.kind import Launch
+    from ckpt_chaos.run.runner import ChaosRun
+
+    s = from_dict({"world_size": 2, "faults": [{"kind": "kill", "target": "rank:1",
+                                                 "when": {"point": "train.start", "rank": 0}}]}, "late.toml", "late")
+    ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    try:
+        run = ChaosRun(s, run_dir, Storage(run_dir, StorageSpec()))
+        run.job = Job(ranks[0], "late-rank", run_dir / "torchrun.log")
+        run.nemeses.new_launch(Launch(0, run.job, 2, run.pids, run.roles, run._await_pids))
+
+        def event(rank: int) -> dict:
+            return {"point": "train.start", "rank": rank, "pid": ranks[rank].pid, "attempt": 0, "restart": 0,
+                    "t": time.time(), "info": {}}
+
+        held = threading.Thread(target=run.on_event, args=(event(0),))
+        held.start()
+        if wait_s is not None:
+            time.sleep(wait_s)
+            threading.Thread(target=run.on_event, args=(event(1),), daemon=True).start()
+        held.join(30)
+        assert not held.is_alive()
+        try:  # rank 1's fate before the cleanup below kills it anyway
+            killed = ranks[1].wait(5 if wait_s is not None else 0.5) == -9
+        except subprocess.TimeoutExpired:
+            killed = False
+        return run, ranks[1].pid, killed
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+
+
+def test_a_kill_waits_for_a_target_rank_that_has_not_reported_its_pid_yet(tmp_path):
+    """The nightly search's finding: a kill of rank 1 at rank 0's first event fired before rank 1's
+    own first event reached the harness, signalled nobody, and was called fired. The nemesis now
+    waits for the target's pid while rank 0 is held at its probe point."""
+    from ckpt_chaos.check.history import FaultFired, of, read_history
+
+    run, victim, killed = _late_rank_run(tmp_path, wait_s=1.0)
+    assert killed, "rank 1 was not killed by the fault"
+    (fired,) = of(read_history(run.run_dir), FaultFired)
+    assert fired.pids == [victim] and fired.detail["missing_ranks"] == [] and fired.unreached is None
+
+
+def test_a_fault_whose_target_never_reports_is_unknown_not_fired(tmp_path, monkeypatch):
+    """A target that never reports its pid cannot be signalled: the record says so, and ``fault_fired``
+    is unknown (the run holds nothing of the fault), with no exit check that could contradict it."""
+    from ckpt_chaos.check.checks import _fault_effects, _faults_fired
+    from ckpt_chaos.check.history import Exited, FaultFired, of, read_history
+    from ckpt_chaos.check.verdict import Report, Run
+    from ckpt_chaos.faults import kind
+
+    monkeypatch.setattr(kind, "PID_WAIT_S", 0.5)
+    run, _, killed = _late_rank_run(tmp_path, wait_s=None)
+    assert not killed
+    history = read_history(run.run_dir)
+    (fired,) = of(history, FaultFired)
+    assert fired.pids == [] and "rank(s) 1 had not reported a pid" in fired.unreached
+    report = Report()
+    stored = Run(run.s, run.run_dir, tmp_path, history + [Exited(launch=0, rc=0, snapshot={})], [])
+    _faults_fired(stored, report)
+    _fault_effects(stored, report)
+    (c,) = report.checks
+    assert (c.check, c.verdict) == ("fault_fired", "unknown") and "reached none of its targets" in c.detail

@@ -57,8 +57,14 @@ def _harness_health(run: Run, report: Report) -> None:
 
 def _faults_fired(run: Run, report: Report) -> None:
     fired = {h.index for h in run.faults()}
+    unreached = {h.index: h for h in run.unreached()}
     for i, f in enumerate(run.s.faults):
         t = {k: v for k, v in vars(f.when).items() if v is not None}
+        if i in unreached:
+            # the harness's failure, not the trainer's: the run holds no evidence of this fault
+            report.add("fired", "unknown", fault=i, detail=f"{f.kind} {f.target} fired at {t} but reached none of "
+                       f"its targets: {unreached[i].unreached}; nothing of its effect can be checked")
+            continue
         if i in fired:
             report.add("fired", True, fault=i, detail=f"{f.kind} {f.target} fired at {t}")
             continue

@@ -84,6 +84,11 @@ class FaultFired(Record):
     def pids(self) -> list[int]:
         return self.detail.get("pids", [])
 
+    @property
+    def unreached(self) -> str | None:
+        """Why the fault acted on no process (its targets were not known), or None where it acted."""
+        return self.detail.get("unreached")
+
 
 @dataclass(kw_only=True)
 class Healed(Record):

@@ -87,7 +87,12 @@ class Run:
         return of(self.history, cls, launch)
 
     def faults(self) -> list[FaultFired]:
-        return of(self.history, FaultFired)
+        """The faults that acted; one that fired but reached none of its targets is not among them
+        (``unreached``): the run holds nothing of its effect."""
+        return [h for h in of(self.history, FaultFired) if not h.unreached]
+
+    def unreached(self) -> list[FaultFired]:
+        return [h for h in of(self.history, FaultFired) if h.unreached]
 
     def probes(self, point: str | None = None) -> list[ProbeEvent]:
         return [h for h in of(self.history, ProbeEvent) if point is None or h.point == point]

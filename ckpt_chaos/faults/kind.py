@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ckpt_chaos.faults.registry import lookup
+from ckpt_chaos.faults.targets import target_ranks
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.history import FaultFired
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
 # emergency saves take well under a second, and two scenarios side by side slow them about twofold
 # (the same bound as the collective timeout scenarios may share at, parallel.MIN_COLLECTIVE_TIMEOUT_S).
 AMPLE_S = 15.0
+
+# How long a fault waits for a target rank that has not reported its pid yet, while the rank that
+# triggered it is held at its probe point: ranks start seconds apart on a loaded machine, and a fault
+# on a rank that is about to report must not act on nobody.
+PID_WAIT_S = 10.0
 
 
 @dataclass
@@ -110,6 +116,9 @@ class Launch:
     world_size: int
     pids: dict[int, int]  # rank -> host pid, filled from probe events as they come (the runner's own dict)
     roles: dict[str, int]  # other processes of the job: "uploader" -> pid
+    # wait (bounded) until these ranks of the event's launch have reported their pids into ``pids``;
+    # None where no rank reports (a job run without the probe)
+    await_pids: Callable[[list[int], dict, float], None] | None = None
 
 
 class Nemesis:
@@ -133,6 +142,27 @@ class Nemesis:
         record: dict = {}
         answer = lookup(fault.kind).action(self, fault, event, record)
         return answer, record
+
+    def target_pids(self, fault: Fault, event: dict, record: dict) -> dict[int, int]:
+        """rank -> pid of the fault's targets in this launch, noted in ``record``. A target that has not
+        reported its pid yet is waited for (``PID_WAIT_S``); one still missing is named there."""
+        cluster = self.setting.cluster
+        ranks = target_ranks(fault.target, self.launch.world_size, triggering=event["rank"],
+                             ranks_per_node=cluster.ranks_per_node if cluster else None)
+        if self.launch.await_pids is not None and any(r not in self.launch.pids for r in ranks):
+            self.launch.await_pids(ranks, event, PID_WAIT_S)
+        pids = {r: self.launch.pids[r] for r in ranks if r in self.launch.pids}
+        record.update(ranks=ranks, pids=sorted(pids.values()), missing_ranks=sorted(set(ranks) - set(pids)))
+        return pids
+
+    @staticmethod
+    def reached(pids: dict[int, int], record: dict) -> dict[int, int]:
+        """``pids``, for an action that reaches its targets only by their pids; with none, the record
+        says the fault acted on no process (``FaultFired.unreached``)."""
+        if not pids and record.get("missing_ranks"):
+            record["unreached"] = (f"rank(s) {', '.join(map(str, record['missing_ranks']))} had not reported "
+                                   f"a pid to the harness within {PID_WAIT_S:.0f} s; no process was signalled")
+        return pids
 
     def lift(self) -> dict:
         """A heal fault: undo now what this family injected and can be undone; what was undone."""

@@ -18,7 +18,6 @@ from ckpt_chaos.env.launcher import kill_pending
 from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Nemesis, NoParams, Setting
 from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.search_rules import KILL, RAISE, STOP, TERM
-from ckpt_chaos.faults.targets import target_ranks
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.history import FaultFired
@@ -99,17 +98,8 @@ class ProcessNemesis(Nemesis):
         super().new_launch(launch)
         self.stopped, self.grace_expired, self._timers = [], [], []
 
-    def _targets(self, fault: Fault, event: dict, record: dict) -> dict[int, int]:
-        """rank -> pid of the fault's targets in this launch, noted in ``record``."""
-        cluster = self.setting.cluster
-        ranks = target_ranks(fault.target, self.launch.world_size, triggering=event["rank"],
-                             ranks_per_node=cluster.ranks_per_node if cluster else None)
-        pids = {r: self.launch.pids[r] for r in ranks if r in self.launch.pids}
-        record.update(ranks=ranks, pids=sorted(pids.values()), missing_ranks=sorted(set(ranks) - set(pids)))
-        return pids
-
     def kill(self, fault: Fault, event: dict, record: dict) -> None:
-        pids = self._targets(fault, event, record)
+        pids = self.target_pids(fault, event, record)
         if fault.target == "uploader":
             pid = self.launch.roles.get("uploader")
             record.update(uploader_pid=pid)
@@ -126,18 +116,18 @@ class ProcessNemesis(Nemesis):
             # Node loss: the launcher dies with its workers, nobody is left to report it.
             record["launcher_pid"] = kill_local_node(self.launch.job, list(pids.values()))
             return None
-        for pid in pids.values():
+        for pid in self.reached(pids, record).values():
             signal_pid(pid, signal.SIGKILL)
         wait_gone(list(pids.values()))
         return None
 
     def term(self, fault: Fault, event: dict, record: dict) -> None:
-        pids = self._targets(fault, event, record)
+        pids = self.target_pids(fault, event, record)
         if fault.target in ("all", "node:0"):
             record["to"] = "launcher"  # as a scheduler's preemption notice reaches the job
             self.launch.job.signal(signal.SIGTERM)
         else:
-            for pid in pids.values():
+            for pid in self.reached(pids, record).values():
                 signal_pid(pid, signal.SIGTERM)
         timer = threading.Timer(fault.params.grace_s, self._grace_expired, args=(self.launch.job,))
         timer.daemon = True
@@ -147,18 +137,18 @@ class ProcessNemesis(Nemesis):
         return None
 
     def stop(self, fault: Fault, event: dict, record: dict) -> None:
-        for pid in self._targets(fault, event, record).values():
+        for pid in self.reached(self.target_pids(fault, event, record), record).values():
             if signal_pid(pid, signal.SIGSTOP):
                 self.stopped.append(pid)
         return None
 
     def interrupt(self, fault: Fault, event: dict, record: dict) -> None:
-        for pid in self._targets(fault, event, record).values():
+        for pid in self.reached(self.target_pids(fault, event, record), record).values():
             signal_pid(pid, signal.SIGINT)
         return None
 
     def raise_(self, fault: Fault, event: dict, record: dict) -> dict:
-        self._targets(fault, event, record)
+        self.target_pids(fault, event, record)
         return {"do": "raise", "error": fault.params.error, "message": f"at {event['point']}"}
 
     def reap_stopped(self, closing: set[int]) -> list[int]:

@@ -19,7 +19,6 @@ from ckpt_chaos.env.storage import POWER_LOSS_MODES, missing
 from ckpt_chaos.faults.kind import FaultKind, Nemesis
 from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.search_rules import CORRUPT, DISK_FULL, ERRNO, POWER_LOSS, SLOW
-from ckpt_chaos.faults.targets import target_ranks
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.history import FaultFired
@@ -104,21 +103,15 @@ class StorageNemesis(Nemesis):
             return f"{', '.join(kinds)} on fs={spec.fs}{' + faultfs' if spec.faultfs else ''}: {why}"
         return None
 
-    def _targets(self, fault: Fault, event: dict, record: dict) -> dict[int, int]:
-        ranks = target_ranks(fault.target, self.launch.world_size, triggering=event["rank"])
-        pids = {r: self.launch.pids[r] for r in ranks if r in self.launch.pids}
-        record.update(ranks=ranks, pids=sorted(pids.values()), missing_ranks=sorted(set(ranks) - set(pids)))
-        return pids
-
     def disk_full(self, fault: Fault, event: dict, record: dict) -> None:
         self.keep_full |= fault.params.keep_full
         record.update(self.setting.storage.fill(fault.params.headroom_kb * 1024))
 
     def errno(self, fault: Fault, event: dict, record: dict) -> None:
         p = fault.params
-        pids = self._targets(fault, event, record)
+        pids = self.target_pids(fault, event, record)
         if p.via == "libfiu":
-            for pid in pids.values():
+            for pid in self.reached(pids, record).values():
                 self.setting.storage.fiu_fail(pid, p.call, getattr(errno_module, p.errno), p.probability)
             record["via"] = "libfiu"
             return
@@ -127,10 +120,12 @@ class StorageNemesis(Nemesis):
 
     def slow(self, fault: Fault, event: dict, record: dict) -> None:
         p = fault.params
-        self._arm(fault, self._targets(fault, event, record), record, errno=0, delay_s=p.latency_ms / 1000,
+        self._arm(fault, self.target_pids(fault, event, record), record, errno=0, delay_s=p.latency_ms / 1000,
                   bytes_per_s=p.bandwidth_mb_s * (1 << 20))
 
     def _arm(self, fault: Fault, pids: dict[int, int], record: dict, **effect) -> None:
+        if fault.target != "all":  # a rule for no pid matches no call
+            self.reached(pids, record)
         rule = {"call": fault.params.call, "path": fault.params.path,
                 "pids": None if fault.target == "all" else sorted(pids.values()), **effect}
         record["rule"] = self.setting.storage.client.call("arm", rule=rule)["id"]

@@ -222,6 +222,10 @@ class ChaosRun:
         self.generator = Generator(scenario.faults)
         self.lock = threading.Lock()
         self.pids: dict[int, int] = {}
+        # (launch, rank) -> pid as each rank reported it, noted before the lock is taken: a fault that
+        # holds the lock may be waiting for a target's pid (``_await_pids``)
+        self.reported = threading.Condition()
+        self.reported_pids: dict[tuple[int, int], int] = {}
         self.launch_no = 0
         self.nemeses = Nemeses(Setting(run_dir, storage, cluster, remote))
         # the supervisor's own business with processes: stopped ranks to reap, a preemption's grace
@@ -230,12 +234,29 @@ class ChaosRun:
         self.reaped: set[int] = set()  # stopped ranks the harness SIGKILLed as the launcher closed them
 
     def on_event(self, event: dict) -> dict | None:
+        if event["point"] != "fs.created" and event.get("role", "rank") == "rank":
+            with self.reported:
+                self.reported_pids[(launch_of(event), event["rank"])] = event["pid"]
+                self.reported.notify_all()
         with self.lock:
             try:
                 return self._on_event(event)
             except Exception as e:  # a harness bug must show up in the verdict, not vanish in a thread
                 self._harness_error(f"{type(e).__name__}: {e}")
                 return None
+
+    def _await_pids(self, ranks: list[int], event: dict, timeout: float) -> None:
+        """Called by a nemesis, under ``lock``, while the rank that sent ``event`` waits at its probe
+        point: until each of ``ranks`` has reported its pid in the event's launch (or ``timeout``
+        passes), then those pids are in ``pids`` as the host sees them."""
+        launch_no = launch_of(event)
+        if launch_no != self.launch_no or self.job is None:
+            return
+        with self.reported:
+            self.reported.wait_for(lambda: all((launch_no, r) in self.reported_pids for r in ranks), timeout)
+            found = {r: self.reported_pids[(launch_no, r)] for r in ranks if (launch_no, r) in self.reported_pids}
+        for r, pid in found.items():
+            self.pids.setdefault(r, self.job.host_pid(r, pid))
 
     def _harness_error(self, message: str) -> None:
         self.errors.append(message)
@@ -335,7 +356,8 @@ class ChaosRun:
                                      rendezvous=store or None, rdzv_id=f"{self.run_dir.name}-{n}")
                     self.job = job
                     self.roles.clear()
-                    self.nemeses.new_launch(Launch(n, job, world, self.pids, self.roles))
+                    self.nemeses.new_launch(Launch(n, job, world, self.pids, self.roles,
+                                                    self._await_pids if s.probe else None))
                 self.history.add(LaunchStarted(launch=n, world_size=world, pid=job.launcher_pids()[0], mode=mode,
                                                probe=s.probe,
                                                **({"backend": self.cluster.backend, "nodes": len(job.agents),
@@ -399,7 +421,8 @@ class ChaosRun:
                         self.pids.clear()
                         self.job = attempt
                         self.roles.clear()
-                        current = Launch(n, attempt, s.world_size, self.pids, self.roles)
+                        current = Launch(n, attempt, s.world_size, self.pids, self.roles,
+                                         self._await_pids if s.probe else None)
                         self.nemeses.new_launch(current)
                     while not attempt.running() and attempt.poll() is None and time.monotonic() < deadline:
                         time.sleep(0.05)
