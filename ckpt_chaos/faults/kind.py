@@ -161,7 +161,7 @@ class Nemesis:
         says the fault acted on no process (``FaultFired.unreached``)."""
         if not pids and record.get("missing_ranks"):
             record["unreached"] = (f"rank(s) {', '.join(map(str, record['missing_ranks']))} had not reported "
-                                   f"a pid to the harness within {PID_WAIT_S:.0f} s; no process was signalled")
+                                   f"a pid to the harness within {PID_WAIT_S:g} s; no process was signalled")
         return pids
 
     def lift(self) -> dict:
