@@ -404,7 +404,7 @@ def test_an_uploader_staging_that_nobody_sweeps_is_caught(tmp_path, golden_root)
     assert r.verdict == "fail"
     bad = failed(r)
     assert list(bad) == ["no_strays"], bad
-    assert bad["no_strays"] == "left behind after recovery: .upload-step_00000004"
+    assert bad["no_strays"] == "left behind after recovery: .upload-step_00000002"
 
 
 def test_an_async_save_whose_copy_went_untimed_is_caught(tmp_path, golden_root):

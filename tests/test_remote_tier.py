@@ -82,7 +82,7 @@ def test_an_uploader_that_marks_durable_before_its_objects_is_caught(tmp_path, g
     assert result.verdict == "fail", "the harness missed the planted bug"
     bad = {c["name"]: c["detail"] for c in result.checks if c["verdict"] == "fail"}
     detail = bad["remote_durable_complete@fault_0"]
-    assert "step_00000004 is marked durable (manifest.json uploaded) but" in detail
+    assert "step_00000002 is marked durable (manifest.json uploaded) but" in detail
     assert "is missing" in detail
     assert "the uploader marked it durable before every object was complete" in detail
 
