@@ -258,3 +258,34 @@ def test_rank_0_trains_only_once_its_uploader_is_up(tmp_path, monkeypatch):
     q.start()
     q.proc.wait(30)
     assert logged[-1][0] == "uploader_not_ready" and logged[-1][1]["waited_s"] is None, logged
+
+
+def test_a_server_whose_port_was_taken_before_it_bound_it_starts_again_on_another(tmp_path, monkeypatch):
+    """Four test workers side by side: moto died with "Port ... is in use by another program" when a
+    process bound its freshly chosen port first. The harness starts it again on another port."""
+    import socket
+
+    from ckpt_chaos.env import objectstore
+
+    taken = socket.socket()  # bound, not listening: as an outgoing connection holds its port
+    taken.bind(("127.0.0.1", 0))
+    ports = iter([taken.getsockname()[1], objectstore.free_port()])
+    monkeypatch.setattr(objectstore, "free_port", lambda: next(ports))
+    log = tmp_path / "server.log"
+    proc, port = objectstore._serve(lambda p: [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(p)],
+                                    "a test server", log, None)
+    try:
+        assert port != taken.getsockname()[1]
+        assert "in use" in log.read_text().lower()
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        proc.kill()
+        proc.wait()
+        taken.close()
+
+    # any other way of dying is not retried: it says so at once
+    calls = []
+    monkeypatch.setattr(objectstore, "free_port", lambda: calls.append(1) or 1)
+    with pytest.raises(RuntimeError, match="a failing server exited with 3"):
+        objectstore._serve(lambda p: [sys.executable, "-c", "raise SystemExit(3)"], "a failing server", log, None)
+    assert len(calls) == 1

@@ -222,7 +222,7 @@ def test_the_reference_trainer_requeued_by_slurm_resumes_bit_exact(tmp_path):
 def test_the_clusters_ports_lie_outside_the_range_every_bind_0_draws_from():
     """slurmctld died with "Address already in use" when its port, found free by ``bind(0)`` and
     closed again, was taken by another process's ``bind(0)`` or connection before slurmctld bound it."""
-    from ckpt_chaos.env.slurm import _ephemeral_range, _free_ports
+    from toxiproxy_server.harness import _ephemeral_range, free_ports
 
-    ports = _free_ports(5)
+    ports = free_ports(5)
     assert len(set(ports)) == 5 and not set(ports) & set(_ephemeral_range()), ports

@@ -91,7 +91,7 @@ from toxiproxy_server.api import DEFAULT_PORT, VERSION, Api, ApiServer, Handler,
 from toxiproxy_server.cli import main
 from toxiproxy_server.errors import (INT64, INVALID_STREAM, INVALID_TOXIC_TYPE, PROXY_EXISTS, PROXY_NOT_FOUND,
                                      TOXIC_EXISTS, TOXIC_NOT_FOUND, ApiError)
-from toxiproxy_server.harness import (ENV_URL, ToxiproxyServer, connect, free_port, start_server,
+from toxiproxy_server.harness import (ENV_URL, ToxiproxyServer, connect, free_port, free_ports, start_server,
                                       start_toxiproxy_server)
 from toxiproxy_server.link import BASE_BUFFER, POLL_S, READ_SIZE, Connection, Link
 from toxiproxy_server.proxy import (Proxy, ProxyAlreadyStarted, ProxyCollection, format_address, resolve_address,
@@ -107,6 +107,6 @@ __all__ = [
     "PROXY_EXISTS", "PROXY_NOT_FOUND", "Proxy", "ProxyAlreadyStarted", "ProxyCollection", "READ_SIZE",
     "ResetConnection", "ResetPeer", "Slicer", "SlowClose", "TOXIC_ATTRIBUTES", "TOXIC_EXISTS",
     "TOXIC_NOT_FOUND", "Text", "Timeout", "Toxic", "ToxiproxyServer", "UPSTREAM", "VERSION", "connect",
-    "format_address", "free_port", "main", "parse_toxic", "resolve_address", "split_address",
+    "format_address", "free_port", "free_ports", "main", "parse_toxic", "resolve_address", "split_address",
     "start_server", "start_toxiproxy_server", "updated_toxic",
 ]

@@ -129,11 +129,46 @@ def _read_announcement(process: subprocess.Popen, timeout: float) -> str:
     raise RuntimeError(f"the toxiproxy server did not start (exit status {status}); see its stderr above")
 
 
+def _ephemeral_range() -> range:
+    try:
+        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` loopback ports nothing listens on now, for children that must bind known ports, drawn
+    below the kernel's ephemeral range: every ``bind(0)`` and outgoing connection of the machine
+    (gloo's stores, an HTTP client's requests) takes its port from that range, and with four test
+    workers side by side one took a port between this choice and the child's bind ("Address already
+    in use"). All are held open together so that they differ; a process that binds one of these by
+    number may still take it first, so a caller starts its child again on a new port when it fails."""
+    import secrets
+
+    ephemeral = _ephemeral_range()
+    pool = [p for p in range(20000, 32768) if p not in ephemeral] or list(range(1024, 65536))
+    socks: list[socket.socket] = []
+    try:
+        for port in secrets.SystemRandom().sample(pool, min(len(pool), 64 * n)):
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            if len(socks) == n:
+                return [x.getsockname()[1] for x in socks]
+        raise RuntimeError(f"no {n} free TCP ports among {pool[0]}-{pool[-1]} on 127.0.0.1")
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on right now (for a child that must bind a known port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on right now (``free_ports``)."""
+    return free_ports(1)[0]
 
 
 def _answers(host: str, port: int) -> bool:

@@ -21,6 +21,7 @@ can clear what a harness that died without cleaning up left behind (children nor
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -72,6 +73,30 @@ def _wait_for_port(host: str, port: int, proc: subprocess.Popen | None, what: st
     raise RuntimeError(f"{what} at {host}:{port} did not answer within {timeout:.0f}s; its log: {log}")
 
 
+def _serve(argv, what: str, log: Path, preexec_fn, attempts: int = 3) -> tuple[subprocess.Popen, int]:
+    """A child server started on a free loopback port (``argv(port)``), answering. Another process can
+    bind the chosen port first ("Address already in use" in the log): then again, on another port."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for attempt in itertools.count(1):
+        port = free_port()
+        start = log.stat().st_size if log.exists() else 0
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv(port), stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec_fn,
+                                    env=_owned_env())
+        try:
+            _wait_for_port("127.0.0.1", port, proc, what, log)
+            return proc, port
+        except RuntimeError:
+            with open(log, "rb") as f:
+                f.seek(start)
+                taken = b"in use" in f.read().lower()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if not taken or attempt == attempts:
+                raise
+
+
 def _background() -> None:
     """In the S3 server's process: die with the harness, and yield the CPU to the job under test (a
     real object store would not share the node's cores)."""
@@ -105,13 +130,9 @@ class S3Server:
         if external:
             self.endpoint = external
         else:
-            port = free_port()
+            self.proc, port = _serve(lambda p: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(p)],
+                                     "the S3 server (moto)", self.log_path, _background)
             self.endpoint = f"http://127.0.0.1:{port}"
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_background,
-                                             env=_owned_env())
         _wait_for_port(*self.address, self.proc, "the S3 server (moto)", self.log_path)
         client = _client(self.endpoint)
         try:
@@ -221,16 +242,11 @@ class RemoteTier:
     def _route_store(self) -> None:
         """A c10d TCPStore hosted by the harness, which the job's torchrun and ranks reach only through
         the proxy (``link = "store"`` toxics)."""
-        port = free_port()
         code = ("import sys, time, torch.distributed as d; "
                 "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False); "
                 "print('ready', flush=True); time.sleep(1e9)")
-        log = self.run_dir / "store.log"
-        with open(log, "ab") as out:
-            self.store_proc = subprocess.Popen([sys.executable, "-c", code, str(port)], stdout=out,
-                                               stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
-                                               env=_owned_env())
-        _wait_for_port("127.0.0.1", port, self.store_proc, "the rendezvous store", log)
+        self.store_proc, port = _serve(lambda p: [sys.executable, "-c", code, str(p)], "the rendezvous store",
+                                       self.run_dir / "store.log", die_with_parent)
         proxy = self._api().create(upstream=f"127.0.0.1:{port}", name=self.proxy_name + "-store",
                                    listen="127.0.0.1:0")
         self.store_endpoint = proxy.listen

@@ -52,6 +52,7 @@ SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local
 # Debian's multiarch directory first; the others are where upstream and RPM builds put plugins.
 PLUGIN_DIRS = ("/usr/lib/*/slurm-wlm", "/usr/lib/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm",
                "/usr/local/lib/slurm")
+from toxiproxy_server import free_ports
 PACKAGES = "slurm-wlm and munge"
 URGENT = "urgent"  # the partition whose jobs preempt the others
 
@@ -161,41 +162,6 @@ class SlurmConfig:
             raise ValueError(f"cred_expire_s must be at least 5 (Slurm ignores {self.cred_expire_s} and uses 120)")
 
 
-def _ephemeral_range() -> range:
-    try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999
-    return range(low, high + 1)
-
-
-def _free_ports(n: int) -> list[int]:
-    """Ports nothing listens on now, drawn below the kernel's ephemeral range: every ``bind(0)`` and
-    outgoing connection of the machine (gloo's stores, the S3 server, other clusters' probes) takes
-    its port from that range, and one of them took a port between this choice and slurmctld's bind
-    ("Address already in use") when four test workers ran side by side. All are held open together
-    so that they differ; a process that binds one of these by number may still take it first, which
-    start() reports."""
-    ephemeral = _ephemeral_range()
-    pool = [p for p in range(20000, 32768) if p not in ephemeral] or list(range(1024, 65536))
-    socks: list[socket.socket] = []
-    try:
-        for port in secrets.SystemRandom().sample(pool, min(len(pool), 64 * n)):
-            s = socket.socket()
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                s.close()
-                continue
-            socks.append(s)
-            if len(socks) == n:
-                return [x.getsockname()[1] for x in socks]
-        raise SlurmError(f"no {n} free TCP ports among {pool[0]}-{pool[-1]} on 127.0.0.1")
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _clean_env() -> dict[str, str]:
     """The harness's environment without Slurm's variables: a harness that itself runs inside a
     Slurm job must not hand its job's SLURM_JOB_ID or SLURM_CONF to the private cluster."""
@@ -291,7 +257,7 @@ class SlurmCluster(SlurmClient):
         self.state = Path(TMP) / f"{STATE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         self.nodes = [f"n{i + 1}" for i in range(self.config.nodes)]
         self.auth = self.config.auth if self.config.auth != "auto" else (auth_method() or "none")
-        self.ctld_port, *self.node_ports = _free_ports(1 + self.config.nodes)
+        self.ctld_port, *self.node_ports = free_ports(1 + self.config.nodes)
         super().__init__({**_clean_env(), "SLURM_CONF": str(self.conf), STATE_ENV: str(self.state)},
                          scripts=self.state)
         self._daemons: dict[str, subprocess.Popen] = {}  # name (munged, slurmctld, n1, ...) -> process
@@ -447,7 +413,7 @@ class SlurmCluster(SlurmClient):
         ``SLURM_RESTART_COUNT``, which the script also exports as ``CKPT_CHAOS_ATTEMPT`` (the launch
         the harness counts), and each run's exit status goes to ``slurm-attempt-N.rc``."""
         marker = secrets.token_hex(16)
-        port = _free_ports(1)[0]
+        port = free_ports(1)[0]
         task = " ".join([
             shlex.quote(sys.executable), "-m", "torch.distributed.run", '--nnodes="$SLURM_JOB_NUM_NODES"',
             f"--nproc-per-node={ranks_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
