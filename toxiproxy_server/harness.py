@@ -6,6 +6,7 @@ import ctypes  # noqa: F401  (imported here so that no child has to import it af
 import http.client
 import json
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -131,7 +132,8 @@ def _read_announcement(process: subprocess.Popen, timeout: float) -> str:
 
 def _ephemeral_range() -> range:
     try:
-        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
     except (OSError, ValueError):
         low, high = 32768, 60999
     return range(low, high + 1)
@@ -144,8 +146,6 @@ def free_ports(n: int) -> list[int]:
     workers side by side one took a port between this choice and the child's bind ("Address already
     in use"). All are held open together so that they differ; a process that binds one of these by
     number may still take it first, so a caller starts its child again on a new port when it fails."""
-    import secrets
-
     ephemeral = _ephemeral_range()
     pool = [p for p in range(20000, 32768) if p not in ephemeral] or list(range(1024, 65536))
     socks: list[socket.socket] = []

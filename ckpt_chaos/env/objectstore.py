@@ -129,11 +129,11 @@ class S3Server:
         self.env = {k: os.environ.get(k, v) for k, v in CREDENTIALS.items()} if not external else {}
         if external:
             self.endpoint = external
+            _wait_for_port(*self.address, None, "the S3 server", self.log_path)
         else:
             self.proc, port = _serve(lambda p: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(p)],
                                      "the S3 server (moto)", self.log_path, _background)
             self.endpoint = f"http://127.0.0.1:{port}"
-        _wait_for_port(*self.address, self.proc, "the S3 server (moto)", self.log_path)
         client = _client(self.endpoint)
         try:
             client.create_bucket(Bucket=self.bucket)

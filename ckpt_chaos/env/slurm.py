@@ -45,6 +45,7 @@ from ckpt_chaos.env.slurm_jobs import TERMINAL, SlurmAttempt, SlurmJob, expand_n
 from ckpt_chaos.env.slurm_procs import (STATE_ENV, STATE_PREFIX, TMP, foreign_listeners,  # noqa: F401
                                         kill_until_none, leftovers, listening, remove_leftovers, tagged,
                                         wait_ports)
+from toxiproxy_server import free_ports
 
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
@@ -52,7 +53,6 @@ SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/sbin", "/usr/local
 # Debian's multiarch directory first; the others are where upstream and RPM builds put plugins.
 PLUGIN_DIRS = ("/usr/lib/*/slurm-wlm", "/usr/lib/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm",
                "/usr/local/lib/slurm")
-from toxiproxy_server import free_ports
 PACKAGES = "slurm-wlm and munge"
 URGENT = "urgent"  # the partition whose jobs preempt the others
 
