@@ -46,8 +46,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 # make test (CI): every test but those marked nightly, in minutes; make test-full (nightly): all of
 # them, the planted bugs against more scenarios than the one that catches each (those where the
-# reference's coverage-measured run reaches a function the bug replaces; tests/planted_selection.py,
-# one coverage run of those scenarios first, or CKPT_CHAOS_MATRIX_COVERAGE=<its suite folder>).
+# reference's coverage-measured run reaches a function the bug replaces; tests/planted_selection.py).
+# Its first step measures those scenarios and their golden runs into MATRIX_DIR, side by side, and
+# again only when the trainer or the scenarios changed; no test waits for it.
 # Both print each phase's time and the slowest tests and files, and keep every test's time in
 # reports/timings/ (test.json, test-full.json; the run before as *.prev.json, which the next run
 # compares against).
@@ -59,9 +60,12 @@ PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -p tests.timings
 test: setup
 	$(PYTEST) -m "not nightly" --timings-json reports/timings/test.json tests toxiproxy_server/tests
 
+MATRIX_DIR ?= reports/matrix
 .PHONY: test-full
 test-full: setup
-	$(PYTEST) --timings-json reports/timings/test-full.json tests toxiproxy_server/tests
+	$(PY) -m tests.planted_selection $(MATRIX_DIR)
+	CKPT_CHAOS_MATRIX_COVERAGE=$(abspath $(MATRIX_DIR)) \
+	  $(PYTEST) --timings-json reports/timings/test-full.json tests toxiproxy_server/tests
 
 # Coverage of ckpt_chaos/ under make test's selection, lines and branches, in every process the
 # tests start (coverage.py's .pth; tests/coverage.ini), each line tagged with the test that reached

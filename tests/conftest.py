@@ -15,6 +15,15 @@ from ckpt_chaos.scenario import Scenario, load
 from tests.helpers import REPO, final_state, log_tail, train
 
 
+# The planted matrix's items run for minutes each: first, so that the run does not end on one of them
+# while the other workers idle (xdist's worksteal hands out consecutive chunks, then halves of queues).
+LONGEST_FIRST = "tests/test_planted_matrix.py::test_each_planted_trainer_against_the_default_suite"
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))  # stable: the rest keep their order
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "nightly: only in `make test-full` (nightly); `make test` deselects it "
                                        "(-m 'not nightly'): what another test of make test already asserts or reaches")

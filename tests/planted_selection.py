@@ -136,6 +136,19 @@ def _targets(tree: ast.Module) -> list[tuple[ast.AST, ast.AST]]:
     return out
 
 
+def _made(tree: ast.Module) -> set[tuple[str, ...]]:
+    """Chains (``("shim",)``, ``("remote", "time")``) the module binds, at its top level, to an object it
+    creates there (a call's result, a class or function of its own): changing that object's attributes
+    changes nothing of the reference's until the object is installed, and the installing is a patch."""
+    out = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.add((node.name,))
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            out.update(tuple(c) for t in node.targets if (c := _chain(t)))
+    return out
+
+
 def function_lines(fn) -> tuple[str, frozenset[int]]:
     """The file (relative to the repository) of a function and the lines of its body: what coverage records
     only when it is called (its ``def`` line and decorators run at import)."""
@@ -154,22 +167,63 @@ def function_lines(fn) -> tuple[str, frozenset[int]]:
 TRAINER_SIDE = ("ckpt_chaos/probe",)
 
 
+_LOOKUPS = ("getattr", "hasattr", "setattr", "delattr", "attrgetter")
+
+
+def _module_aliases(tree: ast.Module, module: str) -> tuple[set[str], set[str]]:
+    """Names a file binds (anywhere in it) to module ``module``, and to any other module."""
+    ours, others = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                bound = a.asname or a.name.split(".")[0]
+                (ours if (a.name if a.asname else a.name.split(".")[0]) == module else others).add(bound)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                (ours if f"{node.module}.{a.name}" == module else others).add(a.asname or a.name)
+    return ours, others - ours
+
+
+def _reads(node: ast.AST, name: str, own_file: bool, ours: set[str], others: set[str]) -> bool:
+    """Whether code ``node`` may read global ``name`` of the rebound module: by its bare name in that
+    module's own file; as ``x.name`` on the module, or on anything not known to be another module; by
+    ``getattr``-like lookups of the string; by a ``from module import name`` run at call time."""
+    for n in ast.walk(node):
+        if own_file and isinstance(n, ast.Name) and n.id == name:
+            return True
+        if isinstance(n, ast.Attribute) and n.attr == name:
+            base = n.value
+            if not (isinstance(base, ast.Name) and base.id in others and base.id not in ours):
+                return True
+        if isinstance(n, ast.alias) and name in (n.name, n.asname):
+            return True
+        if (isinstance(n, ast.Call) and (ast.unparse(n.func).split(".")[-1] in _LOOKUPS)
+                and any(isinstance(a, ast.Constant) and a.value == name for a in n.args)):
+            return True
+    return False
+
+
 def readers(module, name: str) -> dict[str, tuple[str, frozenset[int]]]:
     """A global ``name`` of ``module`` rebound to something other than a function (a constant, a class, a
     module): its effect lies in the functions that read it when called (what read it at import, a class
     body, a default argument, a subclass, read the original already). Those are, conservatively, every
-    function of a measured file that names it (``name``, ``x.name`` or the string ``"name"``), each as if
-    replaced; LookupError where none does, or where one lies outside the measured files."""
+    function of a measured file that may read it (``_reads``), each as if replaced; LookupError where
+    none does, where one lies outside the measured files, or where a file imports the name itself at its
+    top (it may have run after the rebinding)."""
     found: dict[str, tuple[str, frozenset[int]]] = {}
     side = [str(p.relative_to(REPO)) for d in TRAINER_SIDE for p in sorted((REPO / d).glob("*.py"))]
+    own = str(Path(inspect.getsourcefile(module)).resolve().relative_to(REPO))
     for file in dict.fromkeys([*measured_files(), *side]):
         tree = ast.parse((REPO / file).read_text())
+        ours, others = _module_aliases(tree, module.__name__)
+        for node in tree.body:
+            if (isinstance(node, ast.ImportFrom) and node.module == module.__name__
+                    and any(a.name in (name, "*") for a in node.names)):
+                raise LookupError(f"{file}:{node.lineno} imports {name} from {module.__name__} at import")
         for node in ast.walk(tree):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 continue
-            if any(isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.Attribute) and n.attr == name
-                   or isinstance(n, ast.alias) and name in (n.name, n.asname)
-                   or isinstance(n, ast.Constant) and n.value == name for n in ast.walk(node)):
+            if _reads(node, name, file == own, ours, others):
                 fn = getattr(node, "name", "<lambda>")
                 if file not in measured_files():
                     raise LookupError(f"{file}:{node.lineno} ({fn}) reads {name}, and the coverage does not "
@@ -217,6 +271,7 @@ def patches(module: str) -> Patches:
             continue  # judged below
         out.fallback.append(f"line {node.lineno}: `{ast.unparse(node)[:60]}` runs at import and may act beyond "
                             "the functions it replaces")
+    made = _made(tree)
     for stmt, target in _targets(tree):
         where = f"line {stmt.lineno}: `{ast.unparse(target)}`"
         if isinstance(target, ast.Name):
@@ -225,6 +280,8 @@ def patches(module: str) -> Patches:
         root = chain[0] if chain else None
         if id(stmt) in inner and root not in imports:
             continue  # a local's state, in code that runs only where the module calls it
+        if chain and any(tuple(chain[:i]) in made for i in range(1, len(chain))):
+            continue  # inside an object the module made: it acts where that object is installed, judged there
         if isinstance(stmt, ast.Delete) or isinstance(target, ast.Subscript) or chain is None or len(chain) < 2:
             out.fallback.append(f"{where}: a deletion, an item or a computed target")
             continue
@@ -264,6 +321,16 @@ def patches(module: str) -> Patches:
 
 
 # ---- which scenarios ------------------------------------------------------------------------------
+
+def module_scenarios():
+    """The default suite's scenarios that run a trainer module (not a [command] trainer) on this machine's
+    local launcher: what a planted trainer can be swapped into."""
+    from ckpt_chaos.config import builtin_scenarios
+    from ckpt_chaos.scenario import catalogue
+
+    return [s for s in catalogue(builtin_scenarios()) if "default" in s.suites and s.command is None
+            and s.cluster.backend == "local"]
+
 
 def selection(p: Patches, base: dict, scenarios: list[str]) -> dict[str, str | None]:
     """Scenario -> None (run it) or why not (its reference run never reaches a replaced function).
@@ -306,12 +373,13 @@ def usable(suite_dir: Path, scenario_files: list[str]) -> str | None:
     return None
 
 
-def make_coverage(reports: Path, golden: Path, scenario_files: list[str]) -> Path:
-    """One serial ``ckpt-chaos run --coverage`` of ``scenario_files`` on this tree, as ``mutation.make_baseline``
-    runs the default suite; its suite folder, stamped with the fingerprint it was made at."""
+def make_coverage(reports: Path, golden: Path, scenario_files: list[str], jobs: str = "1") -> Path:
+    """One ``ckpt-chaos run --coverage -n JOBS`` of ``scenario_files`` on this tree, as
+    ``mutation.make_baseline`` runs the default suite; its suite folder, stamped with the fingerprint it
+    was made at."""
     print_ = fingerprint(scenario_files)
     cmd = [mutation._tool("ckpt-chaos"), "run", "--coverage", "--plots", "none", "--golden-dir", str(golden),
-           "--reports", str(reports), *scenario_files]
+           "--reports", str(reports), "-n", jobs, *scenario_files]
     t0 = time.monotonic()
     subprocess.run(cmd, cwd=REPO, env={k: v for k, v in os.environ.items() if k != "CKPT_CHAOS_GOLDEN_TREE"},
                    stdout=subprocess.DEVNULL)
@@ -323,3 +391,127 @@ def make_coverage(reports: Path, golden: Path, scenario_files: list[str]) -> Pat
 def baseline(suite_dir: Path) -> dict:
     """``mutation.baseline`` over every measured file (a planted module may replace any of them)."""
     return mutation.baseline(suite_dir, {f: None for f in measured_files()})
+
+
+# ---- golden runs: the reference's where the planted trainer's would be the same ------------------
+
+# A planted trainer's golden run is its own fault-free run. Where that run never reaches a function the
+# module replaces, it executes the reference's code line for line and makes the reference's golden run:
+# the same trajectory, state digests and final state (what differs between any two golden runs, times,
+# pids, the bytes DCP pickles, differs as much between two of the reference's). The matrix then takes the
+# reference's instead of making it again, a third of the runs of a planted trainer that can share it. The
+# evidence is a coverage-measured golden run of the reference per configuration (``measure_goldens``).
+GOLDEN_COVERAGE = "coverage/coverage.json"  # under a measure_goldens folder
+
+
+def golden_configs(scenarios) -> dict[str, tuple[dict, int]]:
+    """The reference's golden key -> (configuration, world size) of every scenario's golden run."""
+    from ckpt_chaos.run.runner import golden_config, golden_key
+
+    return {golden_key("reference_trainer", s.trainer, s.world_size): (golden_config(s.trainer), s.world_size)
+            for s in scenarios}
+
+
+def _measure_golden(folder: str, runs: str, key: str, cfg: dict, world_size: int) -> None:
+    """In a process of its own (the coverage folder is process-wide state): one measured golden run."""
+    from ckpt_chaos.report import trainer_coverage
+    from ckpt_chaos.run.runner import golden_run
+
+    os.environ[trainer_coverage.ENV] = folder
+    with trainer_coverage.measuring(key):
+        made = golden_run("reference_trainer", cfg, world_size, Path(runs))
+    if made.name != key:
+        raise RuntimeError(f"golden run {made} is not under key {key}")
+
+
+def measured_goldens(root: Path) -> set[str]:
+    """The golden keys a ``measure_goldens`` folder has a measured run of."""
+    if not (root / GOLDEN_COVERAGE).is_file():
+        return set()
+    return {k for lines in golden_reach(root).values() for ctx in lines.values() for k in ctx}
+
+
+def measure_goldens(root: Path, scenarios, jobs: int = 1) -> Path:
+    """Make the reference's golden run of each scenario's configuration in ``root/runs`` (under its key)
+    with coverage.py in every process, one coverage context per key, ``jobs`` at a time; ``root``."""
+    import concurrent.futures
+    import multiprocessing
+    import shutil
+
+    from ckpt_chaos.report import trainer_coverage
+
+    if root.exists():
+        shutil.rmtree(root)
+    folder = root / "coverage"
+    trainer_coverage.start(folder, trainer_coverage.default_sources(scenarios[:1]))
+    os.environ.pop(trainer_coverage.ENV)  # start sets it for this process; each run's process sets its own
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for done in [pool.submit(_measure_golden, str(folder), str(root / "runs"), key, cfg, world_size)
+                     for key, (cfg, world_size) in golden_configs(scenarios).items()]:
+            done.result()
+    import coverage  # the JSON with each line's contexts is all golden_reach reads: no HTML
+
+    cov = coverage.Coverage(data_file=str(folder / ".coverage"))
+    cov.combine([str(folder)], keep=False)
+    cov.save()
+    cov.json_report(outfile=str(root / GOLDEN_COVERAGE), ignore_errors=True, show_contexts=True)
+    return root
+
+
+def golden_reach(root: Path) -> dict[str, dict[str, set[str]]]:
+    """From a ``measure_goldens`` folder: measured file -> line -> the golden keys whose run reaches it."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for path, f in json.loads((root / GOLDEN_COVERAGE).read_text())["files"].items():
+        file = next((m for m in measured_files() if path.endswith(m)), None)
+        if file is not None:
+            out[file] = {line: set(ctx) for line, ctx in f["contexts"].items()}
+    return out
+
+
+def golden_differs(p: Patches, reach: dict[str, dict[str, set[str]]], key: str) -> str | None:
+    """Why the planted module's golden run of reference key ``key`` may differ from the reference's, or
+    None where it cannot: the module resolves to functions, and the measured run reaches none of them."""
+    if p.everywhere:
+        return "its patches do not all resolve to functions of the measured trainer"
+    measured = {k for lines in reach.values() for ctx in lines.values() for k in ctx}
+    if key not in measured:
+        return f"no measured golden run of the reference for {key}"
+    reached = sorted(t for t, (file, lines) in p.functions.items()
+                     if any(key in reach.get(file, {}).get(str(line), ()) for line in lines))
+    return f"the reference's golden run reaches {', '.join(reached)}" if reached else None
+
+
+# ---- made before the tests: make test-full's first step ------------------------------------------
+
+def prepare(root: Path, jobs: str = "auto") -> Path:
+    """What the matrix needs, in ``root``: the coverage run of its scenarios (``reports/custom/latest``),
+    ``jobs`` at a time, unless the one there was made on these sources and scenarios; the reference's
+    measured golden runs (``goldens``) unless every one is there. The tests find it through
+    ``$CKPT_CHAOS_MATRIX_COVERAGE``; made here, no test waits for it."""
+    scenarios = module_scenarios()
+    files = [str(s.source) for s in scenarios]
+    suite = root / "reports" / "custom" / "latest"
+    t0 = time.monotonic()
+    if suite.exists() and usable(suite.resolve(), files) is None:
+        print(f"matrix coverage: {suite.resolve()} stands for this tree", flush=True)
+    else:
+        suite = make_coverage(root / "reports", root / "golden", files, jobs)
+        print(f"matrix coverage: {suite} in {time.monotonic() - t0:.0f} s", flush=True)
+    wanted = set(golden_configs(scenarios))
+    if wanted <= measured_goldens(root / "goldens"):
+        print(f"matrix golden runs: {root / 'goldens'} has all {len(wanted)}", flush=True)
+    else:
+        t0 = time.monotonic()
+        measure_goldens(root / "goldens", scenarios, jobs=2)
+        print(f"matrix golden runs: {len(wanted)} measured in {time.monotonic() - t0:.0f} s", flush=True)
+    return root
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tests.planted_selection", description=prepare.__doc__)
+    ap.add_argument("root", type=Path, help="the folder to make (and reuse) it in")
+    ap.add_argument("-n", dest="jobs", default="auto", help="scenarios at once in the coverage run (default: auto)")
+    a = ap.parse_args()
+    prepare(a.root.resolve(), a.jobs)

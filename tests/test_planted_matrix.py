@@ -5,9 +5,10 @@ that run a trainer module, to show which of them catch it.
 Nightly, a planted trainer runs only where it can differ from the reference: on the scenarios whose
 coverage-measured run of the reference reaches a function it replaces (``tests/planted_selection.py``),
 and on every scenario that does not pass on the reference. Elsewhere it would run exactly as the
-reference does; ``matrix.json`` lists those scenarios as not run, with the reason. The coverage is one
-``ckpt-chaos run --coverage`` of the matrix's scenarios per pytest run (shared by its workers), or the
-suite folder ``$CKPT_CHAOS_MATRIX_COVERAGE`` names when it was made on the same trainer and scenarios.
+reference does; ``matrix.json`` lists those scenarios as not run, with the reason. Likewise its golden
+run is the reference's where the reference's measured golden run reaches no function it replaces. The
+coverage of both is made by ``python -m tests.planted_selection DIR`` (make test-full's first step) and
+found through ``$CKPT_CHAOS_MATRIX_COVERAGE``; without it the first worker makes it, and the others wait.
 
 ``make test`` runs each planted trainer once, against the scenario named here, in the test named here
 (which asserts the diagnosis); the unit tests below hold that table to the tests and the catalogue
@@ -163,41 +164,44 @@ def test_every_planted_trainer_has_the_one_scenario_that_catches_it_in_make_test
 
 # ---- nightly: each planted trainer against the default suite ------------------------------------------
 
-def _module_scenarios():
-    """The default suite's scenarios that run a trainer module (not a [command] trainer) on this machine's
-    local launcher: what a planted trainer can be swapped into."""
-    return [s for s in catalogue(builtin_scenarios()) if "default" in s.suites and s.command is None
-            and s.cluster.backend == "local"]
+_module_scenarios = selection.module_scenarios
 
 
 MATRIX = sorted(m for m, (scenario, _) in CATCHES.items() if scenario is not None and m != "crashes_natively")
-COVERAGE_ENV = "CKPT_CHAOS_MATRIX_COVERAGE"  # a suite folder of `ckpt-chaos run --coverage` to reuse
+COVERAGE_ENV = "CKPT_CHAOS_MATRIX_COVERAGE"  # a folder `python -m tests.planted_selection DIR` made
 
 
 @pytest.fixture(scope="session")
-def matrix_coverage(command_golden_root, tmp_path_factory) -> dict:
-    """Which lines of the reference trainer each of the matrix's scenarios reaches, measured on this tree:
-    the folder ``$CKPT_CHAOS_MATRIX_COVERAGE`` names where it was made on the same trainer and scenarios
-    (``planted_selection.usable``), else one serial coverage run (minutes), made by the first worker that
-    asks, under a lock, and shared with the others."""
+def matrix_coverage(tmp_path_factory) -> dict:
+    """Which lines of the reference trainer each of the matrix's scenarios reaches, and each of their golden
+    runs, measured on this tree (``planted_selection.prepare``): in the folder ``$CKPT_CHAOS_MATRIX_COVERAGE``
+    names (make test-full makes it first, with the scenarios side by side), else made here by the first
+    worker that asks (minutes), under a lock, one scenario at a time, and shared with the others."""
     from filelock import FileLock
 
-    files = [str(s.source) for s in _module_scenarios()]
-    note = None
+    scenarios = _module_scenarios()
+    files = [str(s.source) for s in scenarios]
+    root, note = None, None
     if given := os.environ.get(COVERAGE_ENV):
-        if (why := selection.usable(Path(given), files)) is None:
-            return {"dir": given, "base": selection.baseline(Path(given)), "note": f"reused ${COVERAGE_ENV}"}
-        note = f"${COVERAGE_ENV} not used: {why}"
-        warnings.warn(note)
-    base = tmp_path_factory.getbasetemp()
-    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    root = base.parent / f"matrix-coverage-{uid}" if uid else base / "matrix-coverage"
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / ".lock")):
-        suite = root / "reports" / "custom" / "latest"
-        if not suite.exists() or selection.usable(suite.resolve(), files) is not None:
-            suite = selection.make_coverage(root / "reports", command_golden_root, files)
-    return {"dir": str(suite.resolve()), "base": selection.baseline(suite), "note": note}
+        why = selection.usable((Path(given) / "reports" / "custom" / "latest").resolve(), files)
+        if why is None and not set(selection.golden_configs(scenarios)) <= selection.measured_goldens(
+                Path(given) / "goldens"):
+            why = f"{Path(given) / 'goldens'} lacks a measured golden run of the reference"
+        if why is None:
+            root, note = Path(given), f"reused ${COVERAGE_ENV}"
+        else:
+            note = f"${COVERAGE_ENV} not used: {why}"
+            warnings.warn(note)
+    if root is None:
+        base = tmp_path_factory.getbasetemp()
+        uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        root = base.parent / f"matrix-coverage-{uid}" if uid else base / "matrix-coverage"
+        root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(root / ".lock")):
+            selection.prepare(root, jobs="1")
+    suite = (root / "reports" / "custom" / "latest").resolve()
+    return {"dir": str(suite), "base": selection.baseline(suite), "note": note, "goldens": root / "goldens",
+            "golden_reach": selection.golden_reach(root / "goldens")}
 
 
 # Planted trainers that make test catches with a case generated from their catcher's file (the relaunch that
@@ -211,6 +215,24 @@ def test_every_generated_catch_is_the_case_its_make_test_test_runs():
         file, name = CATCHES[module][1].split("::")
         source = ast.unparse(_functions(REPO / "tests" / file)[name])
         assert "relaunch_cases" in source and f"c.field == {field!r}" in source, (module, field, name)
+
+
+def _golden_for(module: str, patches: selection.Patches, s, golden_root: Path, coverage: dict) -> str:
+    """Put the reference's golden run of ``s`` under the planted trainer's key where the planted trainer's
+    own would be the same run (``selection.golden_differs``); which one the scenario is checked against."""
+    from ckpt_chaos.run.runner import golden_key
+
+    ref = golden_key("reference_trainer", s.trainer, s.world_size)
+    why = selection.golden_differs(patches, coverage["golden_reach"], ref)
+    if why is not None:
+        return f"its own: {why}"
+    from filelock import FileLock
+
+    mine = golden_key(f"tests.planted.{module}", s.trainer, s.world_size)
+    with FileLock(str(golden_root / f"{mine}.lock")):  # golden_run's: another test may be making it
+        if not (golden_root / mine).exists():
+            (golden_root / mine).symlink_to(coverage["goldens"] / "runs" / ref)
+    return "the reference's: its golden run reaches no function the module replaces"
 
 
 @pytest.mark.nightly
@@ -233,11 +255,12 @@ def test_each_planted_trainer_against_the_default_suite(module, tmp_path, golden
         assert chosen[catcher] is None, (f"the selection leaves out {catcher}, which catches {module} in make test "
                                          f"({chosen[catcher]}): the coverage ({matrix_coverage['dir']}) or the "
                                          "resolver of its patches is wrong")
-    verdicts, not_run = {}, {}
+    verdicts, not_run, goldens = {}, {}, {}
     for s in scenarios:
         if chosen[s.name] is not None:
             not_run[s.name] = chosen[s.name]
             continue
+        goldens[s.name] = _golden_for(module, patches, s, golden_root, matrix_coverage)
         r = run_scenario(dataclasses.replace(s, trainer_module=f"tests.planted.{module}"), tmp_path / "runs",
                          golden_root)
         verdicts[s.name] = r.verdict
@@ -252,7 +275,7 @@ def test_each_planted_trainer_against_the_default_suite(module, tmp_path, golden
         catcher = f"{catcher}[{field}]"
         verdicts[catcher] = r.verdict
     (tmp_path / "matrix.json").write_text(json.dumps({
-        "module": module, "verdicts": verdicts, "not_run": not_run,
+        "module": module, "verdicts": verdicts, "not_run": not_run, "golden": goldens,
         "replaces": {t: [f, min(lines), max(lines)] for t, (f, lines) in patches.functions.items()},
         "everywhere": patches.fallback, "coverage": matrix_coverage["dir"], "coverage_note": matrix_coverage["note"],
     }, indent=1))
@@ -268,11 +291,7 @@ def test_each_planted_trainer_against_the_default_suite(module, tmp_path, golden
 EVERYWHERE = {
     "rename_without_fsync": "rebinds ck.FileSystemWriter, which no function reads at call time (ProbedWriter "
                             "subclassed it at import): a rebinding with no reader is not trusted",
-    "restore_trusts_download": "patches shim.validate, a namespace of its own that it hands the remote tier",
-    "retries_without_waiting": "rebinds remote.time, which the probe's code also names, and patches time.sleep",
     "save_swallows_enospc": "patches torch's dcp.save, which the coverage does not measure",
-    "time_cadence_in_milliseconds": "rebinds train.time, which the probe's code also names, and patches "
-                                    "time.monotonic",
 }
 
 
@@ -320,6 +339,23 @@ def test_the_resolver_finds_the_body_of_the_function_a_planted_module_replaces(r
                       frozenset(_body("reference_trainer/remote.py", "UploadQueue._spawn")))]
 
 
+def test_an_object_the_module_makes_acts_where_it_is_installed_and_only_the_module_s_readers_count(resolved):
+    # remote.time = SimpleNamespace(...); remote.time.sleep = ...: the namespace's insides are no patch;
+    # remote.time's readers are remote.py's functions, not the probe's own `time.time()`
+    retries = resolved["retries_without_waiting"]
+    assert not retries.everywhere and {f for f, _ in retries.functions.values()} == {"reference_trainer/remote.py"}
+    assert any("reads reference_trainer.remote.time" in k for k in retries.functions)
+    # shim = SimpleNamespace(...); shim.validate = ...; remote.ck = shim: the readers of remote.ck
+    shim = resolved["restore_trusts_download"]
+    assert not shim.everywhere and any("reads reference_trainer.remote.ck" in k for k in shim.functions)
+    tree = ast.parse("import time\nfrom reference_trainer import remote as r\n"
+                     "def a(): return time.time()\ndef b(x): return x.time\ndef c(): return r.time\n")
+    ours, others = selection._module_aliases(tree, "reference_trainer.remote")
+    fns = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    reads = {name: selection._reads(fn, "time", False, ours, others) for name, fn in fns.items()}
+    assert reads == {"a": False, "b": True, "c": True}
+
+
 def test_a_patch_the_resolver_cannot_follow_sends_the_module_to_every_scenario(tmp_path, monkeypatch):
     base = {"walls": {"a": 1.0, "b": 2.0}, "reached": {"reference_trainer/checkpoint.py": {}}}
     keeps = selection.patches("keeps_one_fewer")
@@ -350,3 +386,15 @@ def test_a_scenario_that_reaches_a_replaced_line_or_does_not_pass_on_the_referen
     chosen = selection.selection(keeps, base, ["reaches", "misses", "failed on the reference"])
     assert chosen["reaches"] is None and chosen["failed on the reference"] is None
     assert chosen["misses"] == "never reaches ck.CheckpointManager.apply_retention; same run as the reference"
+
+
+def test_a_planted_trainer_takes_the_reference_s_golden_run_only_where_that_run_misses_its_patches():
+    keeps = selection.patches("keeps_one_fewer")
+    file, lines = keeps.functions["ck.CheckpointManager.apply_retention"]
+    inside, outside = str(sorted(lines)[1]), str(min(lines) - 1)
+    reach = {file: {inside: {"saves-and-prunes"}, outside: {"saves-and-prunes", "never-prunes"}}}
+    assert selection.golden_differs(keeps, reach, "never-prunes") is None
+    assert "reaches ck.CheckpointManager.apply_retention" in selection.golden_differs(keeps, reach, "saves-and-prunes")
+    assert "no measured golden run" in selection.golden_differs(keeps, reach, "not-measured")
+    assert "do not all resolve" in selection.golden_differs(selection.patches("save_swallows_enospc"), reach,
+                                                            "never-prunes")
