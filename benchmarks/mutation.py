@@ -8,8 +8,9 @@ test command (``cosmic-ray exec``); this script is the layer around it:
    (``WORK/tree``), and the scenarios run with that copy as their current directory under
    ``PYTHONSAFEPATH=1``: the harness (its checks, ``ckpt_chaos.probe.layout``'s validation) imports
    the installed, unmutated ckpt-chaos, while the trainer's ranks import the copy, which
-   ``worker_pythonpath`` puts first on their path. Serial runs only: ``run -n``'s workers would
-   import the copy too.
+   ``worker_pythonpath`` puts first on their path. A mutant's scenarios may run side by side
+   (``--jobs``) or as Slurm jobs (``--executor slurm``): the harness's workers import the harness
+   their parent runs (``harness_pythonpath``), the ranks under them the copy.
 2. Golden runs come from the unmutated trainer: ``$CKPT_CHAOS_GOLDEN_TREE`` keys them by this
    repository's code (``config.golden_tree``), and a mutant never makes one.
 3. A mutant runs only the default-suite scenarios whose coverage reaches its line, cheapest first,
@@ -542,7 +543,7 @@ def run_mutant(state: dict) -> dict:
     reports = Path(state["work"]) / "runs"
     timeout = sum(state["deadlines"].get(n, 300.0) + SLACK_S for n in names)
     cmd = [_tool("ckpt-chaos"), "run", "-x", "--plots", "none", "--golden-dir", state["golden"],
-           "--reports", str(reports), *names]
+           "--reports", str(reports), *state.get("run_args", []), *names]
     if state.get("scenarios"):  # an example's: named, they are found in its folder (the pristine one)
         cmd[2:2] = ["--scenarios", state["scenarios"]]
     env = {**os.environ, "PYTHONSAFEPATH": "1", "CKPT_CHAOS_GOLDEN_TREE": state.get("golden_tree") or state["pristine"]}
@@ -581,6 +582,17 @@ def run_mutant(state: dict) -> dict:
     if suite.exists() and not state.get("keep_runs"):
         shutil.rmtree(suite.resolve(), ignore_errors=True)
         suite.unlink(missing_ok=True)
+    return out
+
+
+def run_args(args: argparse.Namespace) -> list[str]:
+    """What each mutant's ``ckpt-chaos run`` is given besides its scenarios: how they run, not what."""
+    out = ["-n", args.jobs] if args.jobs else []
+    if args.executor:
+        out += ["--executor", args.executor]
+    for flag, value in (("--slurm-nodes", args.slurm_nodes), ("--slurm-conf", args.slurm_conf)):
+        if value:
+            out += [flag, value]
     return out
 
 
@@ -808,6 +820,10 @@ def resume(args: argparse.Namespace) -> int:
             else:
                 pending += 1
     run = json.loads((work / "run.json").read_text())
+    if args.jobs is not None or args.executor is not None:  # how the rest runs: the verdicts do not depend on it
+        state = json.loads((work / "state.json").read_text())
+        state["run_args"] = run_args(args)
+        (work / "state.json").write_text(json.dumps(state))
     _copy_tree(work / "tree")  # a stopped exec may have left its mutant in the copy
     run["command"] += " && python benchmarks/mutation.py --resume" + (f" --budget {args.budget:g}" if args.budget else "")
     _timed_exec(work, run, lambda: _exec(_tool("cosmic-ray"), work / "cosmic-ray.toml", work / "session.sqlite",
@@ -862,7 +878,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     state = {"pristine": str(ROOT), "work": str(work), "files": files, "golden": str(golden), "base": base,
              "deadlines": _deadlines(aim["scenarios"]), "keep_runs": args.keep_runs,
              "scenarios": str(ROOT / aim["scenarios"]) if aim["scenarios"] else None,
-             "golden_tree": str(Path(args.golden_tree).resolve()) if args.golden_tree else None}
+             "golden_tree": str(Path(args.golden_tree).resolve()) if args.golden_tree else None,
+             "run_args": run_args(args)}
     (work / "state.json").write_text(json.dumps(state))
     # only a backstop: the test command stops the harness first (see run_mutant)
     backstop = sum(state["deadlines"].get(n, 300.0) + SLACK_S for n in base["walls"]) + 2 * SLACK_S
@@ -946,6 +963,14 @@ def main(argv: list[str] | None = None) -> int:
                          "reference_trainer/checkpoint.py:277:core/AddNot")
     ap.add_argument("--results", default=str(RESULTS), help="where mutation.json and mutation.md go "
                                                             f"(default: {RESULTS.relative_to(ROOT)})")
+    ap.add_argument("--jobs", metavar="N", help="a mutant's scenarios side by side, as `ckpt-chaos run -n N` "
+                                                "(auto: as the machine allows; default 1); -x still stops the "
+                                                "rest at the first failure")
+    ap.add_argument("--executor", choices=["local", "slurm"],
+                    help="slurm: each scenario of a mutant as a Slurm job (`ckpt-chaos run --executor slurm`), "
+                         "on a throwaway cluster on this host unless --slurm-conf names one")
+    ap.add_argument("--slurm-nodes", metavar="N", help="the throwaway cluster's nodes (ckpt-chaos run's)")
+    ap.add_argument("--slurm-conf", metavar="PATH", help="an existing cluster's slurm.conf (ckpt-chaos run's)")
     ap.add_argument("--budget", type=float, metavar="SECONDS",
                     help="stop running mutants after this long and report those done (default: no limit)")
     ap.add_argument("--resume", action="store_true",

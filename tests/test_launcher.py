@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -195,3 +197,22 @@ def test_a_rank_starts_and_exits_as_a_fresh_interpreter_would(tmp_path, how):
         runs.append([rank["draw"] for rank in seen])
     draws = [d for run in runs for d in run]
     assert len(set(draws)) == len(draws), runs
+
+
+def test_a_harness_worker_imports_its_parent_s_harness_not_the_one_in_the_current_directory(tmp_path, monkeypatch):
+    # a mutation run's copy of the checkout: its ckpt_chaos (probe.layout mutated) is for the ranks only
+    import ckpt_chaos
+
+    shadow = tmp_path / "ckpt_chaos"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+
+    def imported(pythonpath: str) -> Path:
+        out = subprocess.run([sys.executable, "-c", "import ckpt_chaos; print(ckpt_chaos.__file__)"],
+                             env={**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": pythonpath},
+                             capture_output=True, text=True, check=True, cwd=tmp_path)
+        return Path(out.stdout.strip()).resolve()
+
+    assert imported(launcher.worker_pythonpath()) == (shadow / "__init__.py").resolve()  # the ranks' view
+    assert imported(launcher.harness_pythonpath()) == Path(ckpt_chaos.__file__).resolve()

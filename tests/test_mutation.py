@@ -379,10 +379,12 @@ QUICKEST = "preempt-before-first-optimizer-step"  # the default suite's cheapest
 
 @pytest.mark.slow
 @pytest.mark.nightly
-def test_a_real_mutant_is_killed_by_the_scenario_that_reaches_it(tmp_path):
+@pytest.mark.parametrize("jobs", [None, pytest.param("2", marks=pytest.mark.nightly)])
+def test_a_real_mutant_is_killed_by_the_scenario_that_reaches_it(tmp_path, jobs):
     """The whole chain on one hand-picked mutant: a coverage run of one scenario from this tree, then
     cosmic-ray applies `if not final.exists():` before the commit rename (it quarantines a folder that
-    is not there, so the save fails) in a copy, and the scenario kills it with the pristine checker."""
+    is not there, so the save fails) in a copy, and the scenario kills it with the pristine checker;
+    with ``--jobs``, from a worker of a parallel run, which imports the pristine harness too."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("CKPT_CHAOS_GOLDEN_TREE", None)
     golden, reports = tmp_path / "golden", tmp_path / "reports"
@@ -394,9 +396,11 @@ def test_a_real_mutant_is_killed_by_the_scenario_that_reaches_it(tmp_path):
                 if text.strip().startswith("if final.exists():"))
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mutation.py"), "--files", CKPT,
                           "--mutant", f"{CKPT}:{line}:core/AddNot", "--coverage-from", str(reports / "custom" / "latest"),
-                          "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")],
+                          "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"),
+                          *(["--jobs", jobs] if jobs else [])],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert json.loads((tmp_path / "work" / "state.json").read_text())["run_args"] == (["-n", jobs] if jobs else [])
     data = json.loads((tmp_path / "results" / "mutation.json").read_text())
     assert data["totals"]["total"] == 1 and data["totals"]["killed"] == 1, data["mutants"]
     m = data["mutants"][0]

@@ -100,6 +100,21 @@ def worker_pythonpath(module: str = "reference_trainer") -> str:
     return os.pathsep.join(dict.fromkeys(entries))
 
 
+def harness_pythonpath() -> str:
+    """PYTHONPATH for a worker of the harness itself (a parallel run's, a fan-out job's): ``worker_pythonpath``,
+    behind the folder this process imported ckpt-chaos from where that is a source tree or an editable
+    install. A worker then runs its parent's harness even where the current directory holds another
+    ckpt_chaos: a copy of this checkout whose trainer, and ``ckpt_chaos.probe.layout``, carry a mutant
+    (``benchmarks/mutation.py``), which the trainer's ranks must import and the checks must not."""
+    import ckpt_chaos
+
+    here = Path(ckpt_chaos.__file__).resolve().parent.parent
+    entries = worker_pythonpath().split(os.pathsep)
+    if here not in {Path(p).resolve() for p in site.getsitepackages()}:
+        entries.insert(0, str(here))
+    return os.pathsep.join(dict.fromkeys(entries))
+
+
 def _carries(proc: psutil.Process, marker: str) -> bool:
     try:
         return proc.environ().get(JOB_MARKER) == marker

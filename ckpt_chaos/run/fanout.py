@@ -232,9 +232,9 @@ class FanOut:
     # -- submit
 
     def _submit(self) -> None:
-        from ckpt_chaos.env.launcher import worker_pythonpath
+        from ckpt_chaos.env.launcher import harness_pythonpath
 
-        env = {"PYTHONPATH": worker_pythonpath(), "PYTHONUNBUFFERED": "1"}
+        env = {"PYTHONPATH": harness_pythonpath(), "PYTHONUNBUFFERED": "1"}
         last_of: dict[str, int] = {}  # scenario name -> its latest job: one run directory, one job at a time
         for i in sorted(self.indices, key=lambda i: submission_order(self.scenarios[i], i)):
             s = self.scenarios[i]

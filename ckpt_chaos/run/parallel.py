@@ -217,7 +217,7 @@ class ParallelRun:
         return self.rows
 
     def _start(self, i: int) -> None:
-        from ckpt_chaos.env.launcher import worker_pythonpath
+        from ckpt_chaos.env.launcher import harness_pythonpath
 
         s = self.scenarios[i]
         cmd, row_path, log_path = worker_command(s, i, self.work, self.out, self.golden, parent=os.getpid())
@@ -226,7 +226,7 @@ class ParallelRun:
             # worker once, instead of interrupting its clean-up half-way.
             popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True,
-                                     env={**os.environ, "PYTHONPATH": worker_pythonpath(), RUN_ENV: self.token})
+                                     env={**os.environ, "PYTHONPATH": harness_pythonpath(), RUN_ENV: self.token})
         self.workers[i] = Worker(i, s, popen, row_path, log_path, time.monotonic())
         self.on_start(i, s)
 
