@@ -426,9 +426,11 @@ def _measure_golden(folder: str, runs: str, key: str, cfg: dict, world_size: int
 
 def measured_goldens(root: Path) -> set[str]:
     """The golden keys a ``measure_goldens`` folder has a measured run of."""
-    if not (root / GOLDEN_COVERAGE).is_file():
-        return set()
-    return {k for lines in golden_reach(root).values() for ctx in lines.values() for k in ctx}
+    return _measured_keys(golden_reach(root)) if (root / GOLDEN_COVERAGE).is_file() else set()
+
+
+def _measured_keys(reach: dict[str, dict[str, set[str]]]) -> set[str]:
+    return {k for lines in reach.values() for ctx in lines.values() for k in ctx}
 
 
 def measure_goldens(root: Path, scenarios, jobs: int = 1) -> Path:
@@ -473,8 +475,7 @@ def golden_differs(p: Patches, reach: dict[str, dict[str, set[str]]], key: str) 
     None where it cannot: the module resolves to functions, and the measured run reaches none of them."""
     if p.everywhere:
         return "its patches do not all resolve to functions of the measured trainer"
-    measured = {k for lines in reach.values() for ctx in lines.values() for k in ctx}
-    if key not in measured:
+    if key not in _measured_keys(reach):
         return f"no measured golden run of the reference for {key}"
     reached = sorted(t for t, (file, lines) in p.functions.items()
                      if any(key in reach.get(file, {}).get(str(line), ()) for line in lines))

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_chaos.config import builtin_scenarios
-from ckpt_chaos.scenario import catalogue, load
+from ckpt_chaos.scenario import load
 from tests import planted_selection as selection
 from tests.helpers import REPO
 
@@ -237,8 +237,8 @@ def _golden_for(module: str, patches: selection.Patches, s, golden_root: Path, c
 
 @pytest.mark.nightly
 @pytest.mark.slow
-# past the suite's 600 s: the first to ask makes the coverage run (14 min on 2 cores, docs/benchmarks.md),
-# and a module may run on all ~36 scenarios (about 20 s each)
+# past the suite's 600 s: a module may run on all 38 scenarios (up to 20 min on 4 workers), and without
+# $CKPT_CHAOS_MATRIX_COVERAGE the first to ask makes the coverage run, one scenario at a time
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("module", MATRIX)
 def test_each_planted_trainer_against_the_default_suite(module, tmp_path, golden_root, matrix_coverage):
