@@ -9,6 +9,8 @@ phase, test and scenario of a CI run. Standard library only: it runs before ``ma
 the venv. No verdict rests on a time.
 
     python3 .ci/times.py start chaos                      # a fresh record (the old one becomes .prev)
+    python3 .ci/times.py start nightly --resume           # go on with an unfinished record of this commit:
+                                                          # a phase that passed in it is not run again
     python3 .ci/times.py phase chaos search -- CMD ARG... # run CMD, record its time and exit status
                                                           # (failing: print the summary so far)
     python3 .ci/times.py phase chaos suite --suite-run reports/default/latest -- ckpt-chaos run ...
@@ -18,6 +20,7 @@ the venv. No verdict rests on a time.
     python3 .ci/times.py skip nightly "make compat" --reason "3 GiB free here"   # a phase that could not run
     python3 .ci/times.py summary nightly --parts test-full --failures   # and each phase's status, what failed
                                                           # by name, where its reports are; exit 1 if any
+                                                          # (--finished: the run ended; no --resume of it)
     python3 .ci/times.py table ci                         # markdown rows for docs/benchmarks.md
 """
 
@@ -82,7 +85,38 @@ def write(name: str, rec: dict) -> None:
     tmp.replace(path_of(name))
 
 
-def start(name: str) -> dict:
+def resumable(rec: dict | None, rev: dict | None) -> str | None:
+    """Why record ``rec`` cannot be gone on with in a tree at ``rev`` (None: it can): a resumed run must
+    be the same code as the phases it keeps."""
+    if rec is None:
+        return "there is no record to go on with"
+    if rec.get("finished"):
+        return f"the run of {rec.get('started_at', '?')} finished"
+    was = rec.get("revision") or {}
+    if rev is None or not was:
+        return "the commit is not known (git)"
+    if rev.get("dirty") or was.get("dirty"):
+        return "the tree " + ("has" if rev.get("dirty") else "had") + " uncommitted changes to tracked files"
+    if was.get("commit") != rev.get("commit"):
+        return f"the run of {rec.get('started_at', '?')} was at {was.get('commit')}, this tree is at {rev.get('commit')}"
+    return None
+
+
+def start(name: str, resume: bool = False) -> dict:
+    if resume:
+        rec = read(path_of(name))
+        why = resumable(rec, revision())
+        if why is None:
+            now = time.time()
+            kept = [p for p in rec["phases"] if p.get("exit_status") == 0]
+            rec["dropped"] = rec.get("dropped", []) + [p for p in rec["phases"] if p not in kept]
+            rec["phases"] = kept
+            rec["resumed"] = rec.get("resumed", []) + [time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))]
+            write(name, rec)
+            print(f"[times] {name}: going on with the run of {rec['started_at']} at {rec['revision']['commit']}; "
+                  f"kept, as passed: {', '.join(p['name'] for p in kept) or 'nothing'}", flush=True)
+            return rec
+        print(f"[times] {name}: nothing to go on with ({why}): a fresh run", flush=True)
     if path_of(name).exists():
         path_of(name).replace(prev_of(name))
     now = time.time()
@@ -135,6 +169,11 @@ def shown_path(p: str | Path) -> str:
 def phase(name: str, label: str, cmd: list[str], suite: str | None, summary_on_failure: bool = True,
           keep: list[str] | None = None, found: str | None = None, note: str | None = None) -> int:
     rec = read(path_of(name)) or start(name)
+    done = next((p for p in rec["phases"] if p["name"] == label and p.get("exit_status") == 0), None)
+    if rec.get("resumed") and done is not None:
+        print(f"[times] {name}: phase {label!r} passed in {fmt(done['wall_s'])} before the run was resumed; "
+              "not run again", flush=True)
+        return 0
     t0 = time.time()
     print(f"[times] {name}: phase {label!r} starts", flush=True)
     try:
@@ -204,6 +243,9 @@ def verdict_counts(run: dict) -> dict[str, int]:
 def lines(rec: dict, prev: dict | None) -> list[str]:
     out = [f"==== times of {rec['what']}: {fmt(total(rec))} in {len(rec['phases'])} phase(s); load average "
            f"{rec['machine']['loadavg'][0]:.1f} at the start on {rec['machine']['cpus']} cores ===="]
+    if rec.get("resumed"):
+        out.append(f"  started {rec['started_at']}, resumed {', '.join(rec['resumed'])}; each phase ran once "
+                   "to its end (a phase cut short by the interruption ran again from its start)")
     before = {p["name"]: p for p in (prev or {}).get("phases", [])}
     for p in rec["phases"]:
         was = before.get(p["name"])
@@ -308,7 +350,7 @@ def failures(rec: dict) -> list[str]:
     return out
 
 
-def summary(name: str, parts: list[str], with_failures: bool = False) -> int:
+def summary(name: str, parts: list[str], with_failures: bool = False, finished: bool = False) -> int:
     rec = read(path_of(name))
     if rec is None:
         print(f"[times] no record {path_of(name)}", file=sys.stderr)
@@ -320,6 +362,9 @@ def summary(name: str, parts: list[str], with_failures: bool = False) -> int:
     for line in lines(rec, read(prev_of(name))):
         print(line)
     print(f"[times] record: {path_of(name)}")
+    if finished:
+        rec["finished"] = time.time()
+        write(name, rec)
     if not with_failures:
         return 0
     for line in failures(rec):
@@ -365,7 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         argv, cmd = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="action", required=True)
-    sub.add_parser("start").add_argument("name")
+    st = sub.add_parser("start")
+    st.add_argument("name")
+    st.add_argument("--resume", action="store_true",
+                    help="go on with the record if it is an unfinished run of this commit (a clean tree): "
+                         "phases that passed in it are not run again; otherwise a fresh record")
     p = sub.add_parser("phase")
     p.add_argument("name")
     p.add_argument("label")
@@ -384,12 +433,14 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("summary")
     s.add_argument("name")
     s.add_argument("--parts", nargs="*", default=[], help="records of targets this run ran, taken into it")
+    s.add_argument("--finished", action="store_true",
+                   help="the run has ended (not interrupted): a later start --resume begins a fresh one")
     s.add_argument("--failures", action="store_true",
                    help="then each phase's status, what failed by name and where its reports are; exit 1 if any failed")
     sub.add_parser("table").add_argument("name")
     args = ap.parse_args(argv)
     if args.action == "start":
-        start(args.name)
+        start(args.name, args.resume)
         return 0
     if args.action == "phase":
         if not cmd:
@@ -398,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "skip":
         return skip(args.name, args.label, args.reason, args.allowed, args.note)
     if args.action == "summary":
-        return summary(args.name, args.parts, args.failures)
+        return summary(args.name, args.parts, args.failures, args.finished)
     return table(args.name)
 
 
