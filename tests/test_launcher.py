@@ -216,3 +216,28 @@ def test_a_harness_worker_imports_its_parent_s_harness_not_the_one_in_the_curren
 
     assert imported(launcher.worker_pythonpath()) == (shadow / "__init__.py").resolve()  # the ranks' view
     assert imported(launcher.harness_pythonpath()) == Path(ckpt_chaos.__file__).resolve()
+
+
+@pytest.mark.slow
+def test_a_spare_with_a_preloaded_library_s_thread_imports_nothing_ahead_and_its_ranks_start_with_exec(tmp_path):
+    """libfiu's preload starts a thread before any import: such a spare can never fork, so it must not
+    spend the CPU on imports its ranks make again; the launch it serves still runs as torchrun's would."""
+    from ckpt_chaos.env.storage import FIU_LIBS
+
+    missing = [lib for lib in FIU_LIBS if not Path(lib).exists()]
+    if missing:
+        pytest.skip(f"libfiu is not installed ({', '.join(missing)} missing): make setup installs it")
+    env = {"LD_PRELOAD": " ".join(FIU_LIBS), "FIU_CTRL_FIFO": str(tmp_path / "fiu")}
+    launcher.prewarm("tests.launch_target", env, wait=True)
+    key = launcher._Spares._key("tests.launch_target", launcher._start_env("tests.launch_target", env))
+    ready = launcher._spares_pool()._warm[key][0].ready
+    assert ready["forkable"] is False
+    assert not [p for p in ready["sources"] if "/tests/" in p], f"the spare imported the trainer's code: {ready}"
+    out = tmp_path / "run"
+    job = launcher.launch(out, 2, [str(out), "collective"], module="tests.launch_target", env=env, launcher="agent")
+    try:
+        assert job.wait(120) == 0, (out / "torchrun.log").read_text()[-3000:]
+    finally:
+        job.kill()
+    assert "starting the ranks with exec" in (out / "torchrun.log").read_text()
+    assert [(out / f"sum{r}").read_text() for r in (0, 1)] == ["3.0", "3.0"]

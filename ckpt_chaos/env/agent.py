@@ -23,9 +23,10 @@ that test it run under torchrun (``ckpt_chaos.env.launcher``).
 
 One spare serves many launches: it is a *zygote*. Each launch forks a copy of it, which becomes
 that launch's agent, so no launch waits for torch to be imported again and no import competes with
-the ranks for the CPU. Forking is only safe while the spare has a single thread; a spare whose
-imports started threads (a preloaded ``libfiu``) serves one launch itself and then exits, and its
-ranks start with ``exec``.
+the ranks for the CPU. Forking is only safe while the spare has a single thread; a spare that has
+more (a preloaded ``libfiu`` starts one before any import, an import may start others) serves one
+launch itself and then exits, and its ranks start with ``exec``. One that has them from its start
+imports nothing ahead: its ranks import everything themselves.
 
 Protocol: the harness holds one end of a ``SOCK_SEQPACKET`` pair whose other end is the control fd.
 The spare writes ``{"ready": 1, "forkable": bool, "sources": {path: mtime}}`` on its status pipe
@@ -242,8 +243,13 @@ def _sources() -> dict[str, float]:
 
 def serve(module: str, status_fd: int, control_fd: int) -> int:
     """Warm up, then serve launches from the control socket until the harness closes it."""
-    _warm(module)
+    # A library preloaded into the interpreter may start a thread before any import (libfiu's remote
+    # control): such a spare can never fork, its ranks import everything themselves, and importing it
+    # here too would only cost the CPU the other launches need.
     forkable = _threads() == 1
+    if forkable:
+        _warm(module)
+        forkable = _threads() == 1
     _status(status_fd, ready=1, forkable=forkable, sources=_sources())
     os.close(status_fd)
     control = socket.socket(fileno=control_fd)
@@ -319,8 +325,8 @@ def _agent(spec: dict, status_fd: int, forkable: bool) -> int:
     # started one (an OpenMP pool without OMP_NUM_THREADS=1, a library's monitor), the ranks start
     # from a fresh interpreter instead, which costs their imports again but nothing else.
     if not forkable:
-        print(f"[ckpt-chaos agent] {_threads()} threads after the imports: starting the ranks with exec, "
-              "not fork", flush=True)
+        print(f"[ckpt-chaos agent] {_threads()} threads (a preloaded library's, or the imports'): starting the "
+              "ranks with exec, not fork", flush=True)
     base = {**os.environ, **spec["env"]}
     ranks: dict[int, int] = {}
     started: list[subprocess.Popen] = []
