@@ -189,6 +189,8 @@ def test_a_rank_starts_and_exits_as_a_fresh_interpreter_would(tmp_path, how):
         finally:
             job.kill()
         assert ("ckpt-chaos agent" in (out / "torchrun.log").read_text()) == (how == "agent")
+        # torchrun's own folder goes with the run, not into /tmp (which it never cleans)
+        assert (out / "torchelastic").is_dir() == (how == "torchrun")
         seen = [json.loads((out / f"script{r}.json").read_text()) for r in (0, 1)]
         for rank in seen:
             assert rank["name"] == "__main__" and rank["argv"][1:] == [str(out)]

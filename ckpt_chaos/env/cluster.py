@@ -39,7 +39,7 @@ import psutil
 from filelock import FileLock
 
 from ckpt_chaos.config import cache_dir
-from ckpt_chaos.env.launcher import JOB_MARKER, job_processes, poll_until, worker_pythonpath
+from ckpt_chaos.env.launcher import JOB_MARKER, job_processes, poll_until, torchrun_log_dir, worker_pythonpath
 from ckpt_chaos.env.lifetime import die_with_parent
 from ckpt_chaos.extras import missing_extra
 from ckpt_chaos.probe import ENV_CONTROLLER
@@ -418,7 +418,7 @@ class Cluster:
                    f"--rdzv-endpoint={endpoint}:{STORE_PORT}", f"--rdzv-id={marker}",
                    f"--rdzv-conf=is_host={str(node == 0).lower()},join_timeout=60,"
                    f"read_timeout={int(self.timeout_s)}",
-                   f"--max-restarts={max_restarts}", "-m", module, *trainer_args]
+                   f"--max-restarts={max_restarts}", torchrun_log_dir(self.run_dir), "-m", module, *trainer_args]
             if self.backend == "netns":  # namespaces share the host's name: advertise the node's address
                 cmd[3:3] = [f"--local-addr={self.address(node)}"]
             agents.append(self._start(node, launch_no, cmd, node_env, controller))

@@ -243,6 +243,12 @@ def chosen_launcher(max_restarts: int = 0, rendezvous: str | None = None, launch
     return chosen
 
 
+def torchrun_log_dir(run_dir: Path) -> str:
+    """torchrun's ``--log-dir`` for a run: without one it makes a ``/tmp/torchelastic_*`` folder per
+    launch and never removes it, thousands a night; under the run directory it goes with the run."""
+    return f"--log-dir={Path(run_dir).resolve() / 'torchelastic'}"
+
+
 def _base_env(module: str) -> dict[str, str]:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": worker_pythonpath(module)}
     full_env.pop(ENV_CONTROLLER, None)
@@ -271,7 +277,7 @@ def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = 
              ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous}", f"--rdzv-id={rdzv_id}",
               "--rdzv-conf=is_host=false"])
     cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
-           f"--max-restarts={max_restarts}", "-m", module, *trainer_args]
+           f"--max-restarts={max_restarts}", torchrun_log_dir(run_dir), "-m", module, *trainer_args]
     return _start(cmd, run_dir, full_env, marker, log_name)
 
 
@@ -299,7 +305,7 @@ def launch_command(run_dir: Path, nproc: int, argv: list[str], *, launcher: str 
     full_env = {**_base_env("ckpt_chaos"), JOB_MARKER: marker, **(env or {})}
     if launcher == "torchrun":
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                f"--max-restarts={max_restarts}", *argv]
+                f"--max-restarts={max_restarts}", torchrun_log_dir(run_dir), *argv]
     return _start(argv, run_dir, full_env, marker, log_name)
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psutil
 
-from ckpt_chaos.env.launcher import JOB_MARKER
+from ckpt_chaos.env.launcher import JOB_MARKER, torchrun_log_dir
 # what other modules import from here: the jobs and the clean-up live in modules of their own
 from ckpt_chaos.env.slurm_jobs import TERMINAL, SlurmAttempt, SlurmJob, expand_nodes  # noqa: F401
 from ckpt_chaos.env.slurm_procs import (STATE_ENV, STATE_PREFIX, TMP, foreign_listeners,  # noqa: F401
@@ -419,7 +419,7 @@ class SlurmCluster(SlurmClient):
             f"--nproc-per-node={ranks_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
             '--rdzv-id="$SLURM_JOB_ID-$SLURM_RESTART_COUNT"',
             '--rdzv-conf="is_host=$([ "$SLURM_NODEID" = 0 ] && echo true || echo false),join_timeout=60"',
-            "-m", shlex.quote(module), *map(shlex.quote, trainer_args)])
+            shlex.quote(torchrun_log_dir(Path(run_dir))), "-m", shlex.quote(module), *map(shlex.quote, trainer_args)])
         log = Path(run_dir) / "slurm-job.log"
         rc_file = shlex.quote(str(Path(run_dir) / "slurm-attempt-")) + '"$CKPT_CHAOS_ATTEMPT.rc"'
         script = "\n".join([
