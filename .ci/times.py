@@ -11,6 +11,7 @@ the venv. No verdict rests on a time.
     python3 .ci/times.py start chaos                      # a fresh record (the old one becomes .prev)
     python3 .ci/times.py start nightly --resume           # go on with an unfinished record of this commit:
                                                           # a phase that passed in it is not run again
+                                                          # (status 1: nothing to go on with, a fresh one)
     python3 .ci/times.py phase chaos search -- CMD ARG... # run CMD, record its time and exit status
                                                           # (failing: print the summary so far)
     python3 .ci/times.py phase chaos suite --suite-run reports/default/latest -- ckpt-chaos run ...
@@ -414,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("name")
     st.add_argument("--resume", action="store_true",
                     help="go on with the record if it is an unfinished run of this commit (a clean tree): "
-                         "phases that passed in it are not run again; otherwise a fresh record")
+                         "phases that passed in it are not run again; otherwise a fresh record, exit status 1")
     p = sub.add_parser("phase")
     p.add_argument("name")
     p.add_argument("label")
@@ -440,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("table").add_argument("name")
     args = ap.parse_args(argv)
     if args.action == "start":
-        start(args.name, args.resume)
-        return 0
+        rec = start(args.name, args.resume)
+        return 1 if args.resume and not rec.get("resumed") else 0
     if args.action == "phase":
         if not cmd:
             ap.error("phase: give the command after --")

@@ -41,8 +41,8 @@ def test_a_resumed_run_keeps_the_phases_that_passed_and_runs_the_others_again(tm
     _times(root, "start", "night")
     assert _phase(root, "a", True) == 0
     assert _phase(root, "b", False) == 3  # cut short, or failed: both run again
-    out = _times(root, "start", "night", "--resume").stdout
-    assert "kept, as passed: a" in out
+    resumed = _times(root, "start", "night", "--resume")
+    assert resumed.returncode == 0 and "kept, as passed: a" in resumed.stdout
     assert _phase(root, "a", True) == 0 and _phase(root, "b", True) == 0
     assert (_runs(root, "a"), _runs(root, "b")) == (1, 2)
     rec = json.loads((root / "reports" / "timings" / "night.json").read_text())
@@ -51,7 +51,8 @@ def test_a_resumed_run_keeps_the_phases_that_passed_and_runs_the_others_again(tm
     summary = _times(root, "summary", "night", "--failures", "--finished")
     assert summary.returncode == 0 and "resumed" in summary.stdout
     # a finished run is not gone on with: the next --resume starts afresh and runs every phase
-    assert "nothing to go on with (the run of" in _times(root, "start", "night", "--resume").stdout
+    fresh = _times(root, "start", "night", "--resume")
+    assert fresh.returncode == 1 and "nothing to go on with (the run of" in fresh.stdout
     assert _phase(root, "a", True) == 0 and _runs(root, "a") == 2
 
 

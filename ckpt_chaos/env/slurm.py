@@ -419,7 +419,7 @@ class SlurmCluster(SlurmClient):
             f"--nproc-per-node={ranks_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
             '--rdzv-id="$SLURM_JOB_ID-$SLURM_RESTART_COUNT"',
             '--rdzv-conf="is_host=$([ "$SLURM_NODEID" = 0 ] && echo true || echo false),join_timeout=60"',
-            shlex.quote(torchrun_log_dir(Path(run_dir))), "-m", shlex.quote(module), *map(shlex.quote, trainer_args)])
+            shlex.quote(torchrun_log_dir(run_dir)), "-m", shlex.quote(module), *map(shlex.quote, trainer_args)])
         log = Path(run_dir) / "slurm-job.log"
         rc_file = shlex.quote(str(Path(run_dir) / "slurm-attempt-")) + '"$CKPT_CHAOS_ATTEMPT.rc"'
         script = "\n".join([
