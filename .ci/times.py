@@ -58,7 +58,10 @@ def prev_of(name: str) -> Path:
 
 
 def fmt(s: float) -> str:
-    return f"{int(s // 60)} min {s % 60:.0f} s" if s >= 60 else f"{s:.1f} s"
+    if s < 59.95:
+        return f"{s:.1f} s"
+    whole = round(s)  # before splitting, so 10,799.6 s reads 180 min 0 s, not 179 min 60 s
+    return f"{whole // 60} min {whole % 60} s"
 
 
 def revision() -> dict | None:

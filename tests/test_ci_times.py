@@ -70,3 +70,15 @@ def test_a_run_of_another_commit_or_of_a_changed_tree_is_not_gone_on_with(tmp_pa
     (root / "f").write_text("changed\n")
     out = _times(root, "start", "night", "--resume").stdout
     assert "has uncommitted changes" in out and "a fresh run" in out
+
+
+def test_a_duration_rounds_before_it_splits_into_minutes():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ci_times", REPO / ".ci" / "times.py")
+    times = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(times)
+    assert times.fmt(10679.96) == "178 min 0 s"  # the night at 32137cc printed "177 min 60 s"
+    assert times.fmt(59.97) == "1 min 0 s"
+    assert times.fmt(59.9) == "59.9 s"
+    assert times.fmt(7101.9) == "118 min 22 s"
