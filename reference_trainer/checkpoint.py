@@ -573,15 +573,23 @@ class CheckpointManager:
                     losses[c] = loss
             if losses:
                 keep.add(min(losses, key=losses.get))
-        deleted = [c for c in ckpts if c not in keep]
-        trash = [discard(c) for c in deleted]
-        # Renamed to trash, a checkpoint is gone from the layout for good; freeing its blocks takes
-        # a large checkpoint's unlink a while, which training need not wait for.
-        self._join_deleter()
-        self.deleter = threading.Thread(target=lambda: [shutil.rmtree(t, ignore_errors=True) for t in trash],
-                                        name="retention", daemon=True)
-        self.deleter.start()
-        deleted = [c.name for c in deleted]
-        probe.point("ckpt.retention", deleted=deleted)
-        if deleted:
-            self.log("retention", deleted=deleted, kept=sorted(k.name for k in keep))
+        trash = []
+        try:
+            for c in ckpts:
+                if c not in keep:
+                    trash.append(c.with_name(TRASH_PREFIX + c.name))
+                    discard(c)
+        finally:
+            # A discard that fails after its rename (the folder's fsync) has still taken the checkpoint
+            # out of the layout: it is deleted and reported with the others, and the error goes on up.
+            trash = [t for t in trash if t.exists()]
+            # Renamed to trash, a checkpoint is gone from the layout for good; freeing its blocks takes
+            # a large checkpoint's unlink a while, which training need not wait for.
+            self._join_deleter()
+            self.deleter = threading.Thread(target=lambda: [shutil.rmtree(t, ignore_errors=True) for t in trash],
+                                            name="retention", daemon=True)
+            self.deleter.start()
+            deleted = [t.name[len(TRASH_PREFIX):] for t in trash]
+            probe.point("ckpt.retention", deleted=deleted)
+            if deleted:
+                self.log("retention", deleted=deleted, kept=sorted(k.name for k in keep))

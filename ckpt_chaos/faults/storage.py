@@ -34,7 +34,7 @@ STRAY_BYTES = 4096  # what `append` adds: a page, as a stray writer would
 MANIFEST_EDITS = ("wrong_format", "wrong_step", "unlist_metadata")
 # Trainer events that report a storage failure: the ranks' and the uploader's (a staged copy that
 # fails to read, or to be made).
-SURFACED = ("save_failed", "ckpt_rejected", "load_failed", "upload_retry", "upload_failed", "upload_abandoned")
+SURFACED = ("save_failed", "ckpt_rejected", "load_failed", "remote_download_failed", "upload_retry", "upload_failed", "upload_abandoned")
 
 
 @dataclass
