@@ -586,3 +586,52 @@ def test_a_disk_full_cut_short_by_a_power_loss_is_not_called_a_swallowed_error(t
     if surfaced["verdict"] == "unknown":  # when rank 1's write did fail first, the trainer reports it: pass
         assert "power_loss" in surfaced["detail"] and "was not shown" in surfaced["detail"], surfaced
     assert not [n for n, c in checks.items() if c["verdict"] == "fail"], r.checks
+
+
+# ---- which report answers for which fault ------------------------------------------------------
+
+def _fired(index: int, t: float, point: str, name: str | None) -> "FaultFired":
+    from ckpt_chaos.check.history import FaultFired
+
+    return FaultFired(index=index, fault="errno", target="rank:0", launch=0, t=t,
+                      at={"point": point, "rank": 0, "info": {"name": name} if name else {}},
+                      detail={"via": "faultfs", "rule": index + 1, "pids": [7]})
+
+
+def test_a_failed_call_is_tied_to_the_checkpoint_it_was_part_of():
+    from ckpt_chaos.faults.storage import _failed_in
+
+    manifest = _fired(1, 2.0, "ckpt.fsync", "step_00000004")
+    assert _failed_in(manifest, [{"path": "/.tmp-step_00000004/manifest.json.tmp", "t": 2.1}]) == {"step_00000004"}
+    # outside any checkpoint (the directory, latest.tmp): the save the fault fired in
+    root = _fired(2, 3.0, "ckpt.manifest", "step_00000006")
+    assert _failed_in(root, [{"path": "/", "t": 3.1}, {"path": "/latest.tmp", "t": 3.2}]) == {"step_00000006"}
+    # nothing names one (a fault fired at a step): every report still counts
+    assert _failed_in(_fired(0, 1.0, "step.begin", None), [{"path": "/", "t": 1.1}]) == set()
+    assert _failed_in(manifest, None) == set()
+
+
+def test_a_later_faults_report_does_not_answer_for_an_earlier_swallowed_one():
+    """Two faults in one launch: the save of step 4 swallowed its manifest's fsync error (no report),
+    the save of step 6 reported its own. fault_1_surfaced used to pass on step 6's report."""
+    import types
+
+    from ckpt_chaos.check.verdict import Report
+    from ckpt_chaos.faults.storage import _surfaced
+
+    f1, f2 = _fired(1, 2.0, "ckpt.fsync", "step_00000004"), _fired(2, 3.0, "ckpt.manifest", "step_00000006")
+    events = [{"event": "save_failed", "name": "step_00000006", "attempt": 0, "t": 3.2}]
+    fault = types.SimpleNamespace(kind="errno", params=types.SimpleNamespace(errno="EIO", call="fsync"),
+                                  spec=types.SimpleNamespace(fills_disk=False))
+    run = types.SimpleNamespace(s=types.SimpleNamespace(faults=[fault] * 3), events=events,
+                                exit_of=lambda launch: types.SimpleNamespace(rc=0), faults=lambda: [f1, f2],
+                                probes=lambda *a: [])
+    verdicts = {}
+    for h, path in ((f1, "/.tmp-step_00000004/manifest.json.tmp"), (f2, "/")):
+        report = Report()
+        _surfaced(run, h, report, [{"path": path, "t": h.t + 0.1, "pid": 7}])
+        (check,) = report.checks
+        verdicts[h.index] = (check.verdict, check.detail)
+    assert verdicts[2][0] == "pass" and "save_failed step_00000006" in verdicts[2][1]
+    assert verdicts[1][0] == "fail", verdicts[1]
+    assert "for step_00000004; it reported only save_failed step_00000006" in verdicts[1][1]

@@ -19,6 +19,7 @@ from ckpt_chaos.env.storage import POWER_LOSS_MODES, missing
 from ckpt_chaos.faults.kind import FaultKind, Nemesis
 from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.search_rules import CORRUPT, DISK_FULL, ERRNO, POWER_LOSS, SLOW
+from ckpt_chaos.probe.layout import TMP_PREFIX, parse_name
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.history import FaultFired
@@ -334,6 +335,23 @@ def _reported(run: Run, h: FaultFired) -> list[dict]:
     return [e for e in run.events if e["event"] in SURFACED and e.get("attempt") == h.launch and e.get("t", 0) >= h.t]
 
 
+def _failed_in(h: FaultFired, hits: list[dict] | None) -> set[str]:
+    """The checkpoints the failed calls belonged to: named by each call's path (``.tmp-step_N/...``,
+    ``step_N/...``), or, for a call outside any checkpoint (the directory itself, ``latest.tmp``), the
+    one whose save the fault fired in (its ``ckpt.*`` probe event's name). Empty where a call cannot
+    be tied to one: any report then counts, as it must for a fault whose call is not a checkpoint's."""
+    at = h.at.get("info", {}).get("name") if str(h.at.get("point", "")).startswith("ckpt.") else None
+    names = set()
+    for x in hits or []:
+        top = x["path"].lstrip("/").split("/")[0]
+        name = top[len(TMP_PREFIX):] if top.startswith(TMP_PREFIX) else top
+        name = name if parse_name(name) else at
+        if not name:
+            return set()
+        names.add(name)
+    return names
+
+
 def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) -> None:
     """A fault that made the trainer's I/O fail was reported by the trainer, or stopped the launch.
 
@@ -343,6 +361,11 @@ def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) 
     fault = run.s.faults[h.index]
     ex = run.exit_of(h.launch)
     reported = _reported(run, h)
+    # with several faults in a launch, a later one's failure is reported too: only a report of the
+    # checkpoint this fault's calls failed in answers for it
+    failed_in = _failed_in(h, hits)
+    others = [e for e in reported if failed_in and e.get("name") and e["name"] not in failed_in]
+    reported = [e for e in reported if e not in others]
     later = [x for x in run.faults() if x.launch == h.launch and x.t > h.t and x.index != h.index]
     stopped = ex is not None and ex.rc != 0 and (not later or (bool(hits) and not _went_on(run, hits)))
     if fault.spec.fills_disk:
@@ -367,7 +390,9 @@ def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) 
                    f"({later[0].fault}) ended the launch, so it had no chance to report it"
                    if later else "") if ok else
                f"{what} made the trainer's I/O fail, but it reported no failure (no {', '.join(SURFACED[:-1])} "
-               f"or {SURFACED[-1]} event) and kept going: an error was swallowed")
+               f"or {SURFACED[-1]} event" + (f" for {', '.join(sorted(failed_in))}; it reported only "
+                                             f"{', '.join(sorted({e['event'] + ' ' + e['name'] for e in others}))}"
+                                             if others else "") + ") and kept going: an error was swallowed")
 
 
 def _errno_effect(run: Run, h: FaultFired, report: Report) -> None:
