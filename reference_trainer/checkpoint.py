@@ -53,7 +53,7 @@ from ckpt_chaos import probe
 from ckpt_chaos.probe.layout import (  # noqa: F401  (re-exported: the directory layout is part of this module's API)
     MANIFEST, LATEST, TMP_PREFIX, TRASH_PREFIX, REJECTED, FORMAT, CHECKSUMS,
     Checksum, ResumeChoice, checkpoint_name, checksum_file, choose_resume, fsync_path, list_checkpoints,
-    discard, file_checksums, parse_name, quarantine, read_manifest, remove_tree, validate, write_durably,
+    discard, file_checksums, parse_name, quarantine, read_manifest, remove_tree, trash_of, validate, write_durably,
 )
 from .state import TrainState, checkpoint_state, component_digests
 
@@ -577,7 +577,7 @@ class CheckpointManager:
         try:
             for c in ckpts:
                 if c not in keep:
-                    trash.append(c.with_name(TRASH_PREFIX + c.name))
+                    trash.append(trash_of(c))
                     discard(c)
         finally:
             # A discard that fails after its rename (the folder's fsync) has still taken the checkpoint
@@ -589,7 +589,7 @@ class CheckpointManager:
             self.deleter = threading.Thread(target=lambda: [shutil.rmtree(t, ignore_errors=True) for t in trash],
                                             name="retention", daemon=True)
             self.deleter.start()
-            deleted = [t.name[len(TRASH_PREFIX):] for t in trash]
+            deleted = [t.name.removeprefix(TRASH_PREFIX) for t in trash]
             probe.point("ckpt.retention", deleted=deleted)
             if deleted:
                 self.log("retention", deleted=deleted, kept=sorted(k.name for k in keep))

@@ -35,7 +35,8 @@ STRAY_BYTES = 4096  # what `append` adds: a page, as a stray writer would
 MANIFEST_EDITS = ("wrong_format", "wrong_step", "unlist_metadata")
 # Trainer events that report a storage failure: the ranks' and the uploader's (a staged copy that
 # fails to read, or to be made).
-SURFACED = ("save_failed", "ckpt_rejected", "load_failed", "remote_download_failed", "upload_retry", "upload_failed", "upload_abandoned")
+SURFACED = ("save_failed", "ckpt_rejected", "load_failed", "remote_download_failed", "upload_retry", "upload_failed",
+            "upload_abandoned")
 
 
 @dataclass
@@ -343,8 +344,7 @@ def _failed_in(h: FaultFired, hits: list[dict] | None) -> set[str]:
     at = h.at.get("info", {}).get("name") if str(h.at.get("point", "")).startswith("ckpt.") else None
     names = set()
     for x in hits or []:
-        top = x["path"].lstrip("/").split("/")[0]
-        name = top[len(TMP_PREFIX):] if top.startswith(TMP_PREFIX) else top
+        name = x["path"].lstrip("/").split("/")[0].removeprefix(TMP_PREFIX)
         name = name if parse_name(name) else at
         if not name:
             return set()

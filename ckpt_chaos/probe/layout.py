@@ -104,10 +104,15 @@ def checksum_file(path: Path, fmt: int = FORMAT) -> str:
     return h.hexdigest()
 
 
+def trash_of(path: Path) -> Path:
+    """Where ``discard`` renames a directory to: ``.trash-<name>`` beside it, which a start-up removes."""
+    return path.with_name(TRASH_PREFIX + path.name)
+
+
 def discard(path: Path) -> Path:
-    """Take a directory out of the layout durably (renamed to ``.trash-<name>``, which a start-up
-    removes); returns the new path, whose deletion a crash can no longer leave half-done."""
-    trash = path.with_name(TRASH_PREFIX + path.name)
+    """Take a directory out of the layout durably (renamed to ``trash_of(path)``); returns the new
+    path, whose deletion a crash can no longer leave half-done."""
+    trash = trash_of(path)
     os.rename(path, trash)
     fsync_path(path.parent)
     return trash
