@@ -13,7 +13,7 @@ test command (``cosmic-ray exec``); this script is the layer around it:
    their parent runs (``harness_pythonpath``), the ranks under them the copy.
 2. Golden runs come from the unmutated trainer: ``$CKPT_CHAOS_GOLDEN_TREE`` keys them by this
    repository's code (``config.golden_tree``), and a mutant never makes one.
-3. A mutant runs only the default-suite scenarios whose coverage reaches its line, cheapest first,
+3. A mutant runs only the baseline's scenarios whose coverage reaches its line, cheapest first,
    and stops at the first that fails (``ckpt-chaos run -x``). The coverage comes from one
    ``ckpt-chaos run --coverage`` of the pristine tree (``--coverage-from``, or made here), which
    is also the baseline: a scenario that does not pass there is never used against a mutant. A
@@ -262,17 +262,28 @@ def _deadlines(scenarios: str | None = None) -> dict[str, float]:
     return out
 
 
+def baseline_scenarios() -> list[str]:
+    """The reference trainer's baseline: the built-in ``default`` suite and the ``mutation`` one,
+    whose scenarios aim a fault at one durability step of the checkpoint path (a failed fsync, a
+    power cut after the commit's rename): a dropped fsync shows only there."""
+    from ckpt_chaos import config
+    from ckpt_chaos.scenario import load
+
+    names = {s.name for path in sorted(config.builtin_scenarios().rglob("*.toml"))
+             if {"default", "mutation"} & set((s := load(path)).suites)}
+    return sorted(names)
+
+
 def make_baseline(work: Path, golden: Path, scenarios: str | None = None) -> Path:
-    """One ``ckpt-chaos run --coverage`` of the default suite (of every scenario in the folder
+    """One ``ckpt-chaos run --coverage`` of ``baseline_scenarios()`` (of every scenario in the folder
     ``scenarios``, whatever its suites: ``full`` holds them all) from this (pristine) repository; it
     also makes the golden runs the mutants will use."""
     cmd = [_tool("ckpt-chaos"), "run", "--coverage", "--plots", "none", "--golden-dir", str(golden),
            "--reports", str(work / "baseline")]
-    if scenarios is not None:
-        cmd += ["--suite", "full", "--scenarios", str(ROOT / scenarios)]
+    cmd += baseline_scenarios() if scenarios is None else ["--suite", "full", "--scenarios", str(ROOT / scenarios)]
     print(f"baseline: {shlex.join(cmd)}", flush=True)
     subprocess.run(cmd, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "CKPT_CHAOS_GOLDEN_TREE"})
-    return work / "baseline" / ("default" if scenarios is None else "full") / "latest"
+    return work / "baseline" / ("custom" if scenarios is None else "full") / "latest"
 
 
 def _tool(name: str) -> str:

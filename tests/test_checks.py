@@ -278,6 +278,35 @@ def test_loaded_equals_saved_is_unknown_for_a_mid_step_checkpoint_without_a_grad
     assert v == "unknown" and "after micro-batch 1 of step 3" in detail and "record a gradient digest" in detail
 
 
+def test_upload_retries_fails_an_upload_given_up_before_its_configured_attempts(tmp_path):
+    from ckpt_chaos.check.checks import Report, Run, _upload_retries
+    from ckpt_chaos.config import builtin_scenarios
+    from ckpt_chaos.scenario import load
+
+    s = load(builtin_scenarios() / "remote" / "upload-reset-mid-manifest.toml")  # retries 2
+
+    def verdict(waits: list[float | None], end: str = "upload_failed", process: str = "p") -> tuple[str, str]:
+        events = [{"event": "upload_retry", "role": "uploader", "process": "p", "attempt": 0, "name": "step_00000004",
+                   "upload_attempt": k, "retry_in_s": wait, "t": 100.0 + k} for k, wait in enumerate(waits, 1)]
+        events.append({"event": end, "role": "uploader", "process": process, "attempt": 0, "name": "step_00000004",
+                       "attempts": 2, "t": 200.0})
+        report = Report()
+        _upload_retries(Run(s, tmp_path, tmp_path, [], events), report)
+        return (report.checks[0].verdict, report.checks[0].detail) if report.checks else ("none", "")
+
+    assert verdict([0.2, None])[0] == "pass"
+    v, detail = verdict([0.2])
+    assert v == "fail" and "given up after 1 failed attempt(s) (numbered [1]), but upload_retries=2" in detail
+    v, detail = verdict([0.2, 0.4])  # it says it will retry, then gives up: one attempt fewer than promised
+    assert v == "fail" and "after attempt 2 it said it would retry in 0.4s, then gave up" in detail
+    v, detail = verdict([0.2, None, 0.2])  # a third attempt beyond the promise is no less a broken count
+    assert v == "fail" and "numbered [1, 2, 3]" in detail
+    # attempts of another uploader process are not this upload's
+    v, detail = verdict([0.2, None], process="q")
+    assert v == "fail" and "given up after 0 failed attempt(s)" in detail
+    assert verdict([0.2], end="uploaded")[0] == "none"  # nothing given up: nothing to decide
+
+
 def test_upload_backoff_fails_a_wait_other_than_configured_or_shorter_than_reported(tmp_path):
     from ckpt_chaos.check.checks import Report, Run, _upload_backoff
     from ckpt_chaos.config import builtin_scenarios

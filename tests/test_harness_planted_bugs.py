@@ -382,6 +382,14 @@ def test_an_uploader_that_retries_without_its_backoff_is_caught(tmp_path, golden
     assert "it said it would wait" in bad["upload_backoff"] and "came 0.0" in bad["upload_backoff"], bad
 
 
+def test_an_uploader_that_gives_up_an_attempt_early_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/upload-reset-mid-manifest.toml", "tests.planted.gives_up_an_upload_early")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert set(bad) == {"upload_retries"}, bad
+    assert "given up after 1 failed attempt(s) (numbered [1]), but upload_retries=2" in bad["upload_retries"], bad
+
+
 def test_a_time_cadence_that_saves_at_every_step_is_caught(tmp_path, golden_root):
     r = run(tmp_path, golden_root, "time-cadence-killed-twice.toml", "tests.planted.time_cadence_in_milliseconds")
     assert r.verdict == "fail"

@@ -154,7 +154,7 @@ EX = "examples/plain_ddp/train.py"
 EX_SCENARIOS = "examples/plain_ddp/scenarios"
 
 
-def test_an_example_is_mutated_whole_under_every_scenario_of_its_folder_in_files_of_its_own(tmp_path, monkeypatch):
+def test_an_example_is_mutated_whole_under_every_scenario_of_its_folder_in_files_of_its_own(tmp_path, monkeypatch, capsys):
     aim = mutation.target("plain_ddp")
     assert aim["targets"] == {EX: None} and aim["scenarios"] == EX_SCENARIOS
     assert mutation.scope_lines(EX, (ROOT / EX).read_text(), aim["targets"]) is None  # the whole file
@@ -175,8 +175,17 @@ def test_an_example_is_mutated_whole_under_every_scenario_of_its_folder_in_files
     cmd = ran.pop()
     assert cmd[cmd.index("--suite") + 1] == "full"  # every scenario of the folder, whatever its suites
     assert cmd[cmd.index("--scenarios") + 1] == str(ROOT / EX_SCENARIOS) and "--coverage" in cmd
-    assert mutation.make_baseline(tmp_path, tmp_path / "golden") == tmp_path / "baseline" / "default" / "latest"
-    assert "--scenarios" not in ran.pop()
+    assert mutation.make_baseline(tmp_path, tmp_path / "golden") == tmp_path / "baseline" / "custom" / "latest"
+    cmd = ran.pop()
+    assert "--scenarios" not in cmd and "--suite" not in cmd
+    # the reference trainer's baseline: the default suite and the scenarios aimed at one I/O call each
+    named = set(mutation.baseline_scenarios())
+    capsys.readouterr()
+    assert cli.main(["list", "--json", "--builtin", "--suite", "default"]) == cli.EXIT_OK
+    default = json.loads(capsys.readouterr().out)
+    assert {s["name"] for s in default} < named and set(cmd) >= named
+    assert {"errno-eio-on-each-commit-fsync", "remote-download-fsync-eio-then-older-restored"} <= named
+    assert "hang-rank1-sigstop" not in named  # a full-only scenario is not in it
 
 
 def _example_suite(tmp_path: Path, line: int) -> Path:

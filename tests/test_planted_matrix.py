@@ -65,6 +65,8 @@ CATCHES: dict[str, tuple[str | None, str]] = {
                                      "test_harness_planted_bugs.py::test_an_emergency_save_skipped_at_a_step_boundary_is_caught"),
     "fresh_start_keeps_failed_load": ("storage/flip-in-the-only-checkpoint-as-its-load-begins.toml",
                                       "test_harness_planted_bugs.py::test_a_fresh_start_on_the_tensors_of_a_failed_load_is_caught"),
+    "gives_up_an_upload_early": ("remote/upload-reset-mid-manifest.toml",
+                                 "test_harness_planted_bugs.py::test_an_uploader_that_gives_up_an_attempt_early_is_caught"),
     "grads_left_out_of_digests": ("process/preempt-before-first-optimizer-step.toml",
                                   "test_harness_planted_bugs.py::test_digests_that_leave_out_a_mid_step_checkpoints_gradients_are_caught"),
     "ignores_manifest_step": ("storage/corrupt-manifests-then-eio-on-load.toml",

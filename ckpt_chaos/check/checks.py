@@ -629,6 +629,7 @@ def _remote_tier(run: Run, report: Report) -> None:
                    "the last upload never completed (see upload_* events in events.jsonl)")
         _remote_retention(run, report, exits[-1].remote)
     _upload_backoff(run, report)
+    _upload_retries(run, report)
     # A hand-off is a pipe write; an uploader that made the loop wait would stall it for about as long as
     # its uploads take. Compared in sums, so one scheduling hiccup on a busy machine does not decide it.
     stall = sum(e["stall_s"] for e in run.trainer("upload_queued"))
@@ -671,6 +672,40 @@ def _upload_backoff(run: Run, report: Report) -> None:
     report.add("upload_backoff", not problems,
                f"{len(retries)} retried upload attempt(s), each after the configured backoff" if not problems else
                first_few(problems))
+
+
+def _upload_retries(run: Run, report: Report) -> None:
+    """An upload is given up only after the upload_retries attempts it is configured to make: its
+    failed attempts, as its upload_retry events number them, are 1 to upload_retries, and the last
+    names no wait (one that says it will retry and then gives up made one attempt fewer than it
+    promised). Decided only for uploads the trainer reported giving up (upload_failed)."""
+    if run.s.remote is None or not run.trainer("upload_failed"):
+        return
+    tries: dict[tuple, list[dict]] = {}
+    problems, given_up = [], 0
+    for e in sorted(run.events, key=lambda e: e["t"]):
+        if e["event"] not in ("upload_retry", "upload_failed", "uploaded", "upload_abandoned"):
+            continue
+        key = (e.get("process"), e.get("name"))
+        if e["event"] == "upload_retry":
+            tries.setdefault(key, []).append(e)
+            continue
+        made = tries.pop(key, [])  # an upload's attempts end with it, whatever its end
+        if e["event"] != "upload_failed":
+            continue
+        given_up += 1
+        launch = e.get("attempt", 0)
+        want = int(run.config(launch).get("upload_retries", run.s.remote.retries))
+        numbers = [r.get("upload_attempt") for r in made]
+        if numbers != list(range(1, want + 1)):
+            problems.append(f"{e['name']} (launch {launch}): given up after {len(made)} failed attempt(s) "
+                            f"(numbered {numbers}), but upload_retries={want}")
+        elif made[-1].get("retry_in_s") is not None:
+            problems.append(f"{e['name']} (launch {launch}): after attempt {want} it said it would retry in "
+                            f"{made[-1]['retry_in_s']:g}s, then gave up")
+    report.add("upload_retries", not problems,
+               f"{given_up} upload(s) given up, each after the upload_retries attempts configured" if not problems
+               else first_few(problems))
 
 
 def _remote_retention(run: Run, report: Report, remote: dict) -> None:
@@ -775,6 +810,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("remote_retention", _remote, _remote_tier),
     # an upload attempt fails when a fault cuts or stalls its link (other faults may fail one too)
     CheckSpec("upload_backoff", lambda s: _remote(s) and any(f.spec.on_link for f in s.faults), _remote_tier),
+    # decided where an upload was given up, which a fault on its link can make happen
+    CheckSpec("upload_retries", lambda s: _remote(s) and any(f.spec.on_link for f in s.faults), _remote_tier),
     CheckSpec("upload_stall", _remote, _remote_tier),
     CheckSpec("lost_work", lambda s: relaunched(s) and _lost_work_limit(s), _lost_work),
     CheckSpec("no_strays", _always, final_directory),
