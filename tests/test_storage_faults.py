@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -37,6 +38,18 @@ def ours(pid: int) -> list[str]:
 
 
 # ---- faultfs on its own: the power-loss model, errno rules ------------------------------------------
+
+@needs_faultfs
+def test_a_run_folder_given_relative_is_unmounted_and_its_checkpoints_kept(tmp_path, monkeypatch):
+    # `ckpt-chaos run --reports rel`: the faultfs mount was left behind and its copy-out crashed
+    monkeypatch.chdir(tmp_path)
+    with Storage(Path("rel"), StorageSpec(fs="tmpfs", size_mb=16, faultfs=True)) as st:
+        (st.ckpt / "step_00000002").mkdir()
+        (st.ckpt / "step_00000002" / "manifest.json").write_text("{}")
+    assert not ours(os.getpid())
+    assert (tmp_path / "rel" / "checkpoints" / "step_00000002" / "manifest.json").read_text() == "{}"
+    assert not (tmp_path / "rel" / ".storage").exists()
+
 
 @needs_faultfs
 def test_power_loss_keeps_exactly_what_was_made_durable(tmp_path):

@@ -135,7 +135,7 @@ class Storage:
     """A run's checkpoint directory on the requested stack; ``close`` always removes the stack."""
 
     def __init__(self, run_dir: Path, spec: StorageSpec):
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).absolute()  # mount points are matched and unmounted by absolute path
         self.spec = spec
         self.tag = f"{MARK}-{os.getpid()}"
         self.root = self.run_dir / ".storage"
