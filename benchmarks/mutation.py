@@ -774,6 +774,10 @@ def _exec(cosmic: str, config: Path, session: Path, tree: Path, log: Path, budge
         raise MutationError(f"cosmic-ray exec {config} {session} exited {proc.returncode}; its output is above")
 
 
+def _interrupted(signum: int, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _stop_exec(proc: subprocess.Popen) -> None:
     """Stop ``cosmic-ray exec`` between results: cosmic-ray first, so that the mutant running gets no
     result (it stays pending), then its test command and the harness under it, which stop their
@@ -997,6 +1001,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "test":
             return cmd_test(args)
+        # A run started in the background ignores SIGINT: `kill PID` stops it as Ctrl-C does, the
+        # mutant running left pending and every result so far kept for --resume.
+        signal.signal(signal.SIGTERM, _interrupted)
         return report_only(args) if args.report_only else resume(args) if args.resume else cmd_run(args)
     except MutationError as e:
         print(f"mutation: {e}", file=sys.stderr)

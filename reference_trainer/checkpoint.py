@@ -373,7 +373,7 @@ class CheckpointManager:
 
                 restored = restore_newer(self.cfg, self.root, choice.path.name if choice.path else None, self.log)
                 if restored is not None:
-                    choice = ResumeChoice(restored, read_manifest(restored), choice.rejected, choice.latest_hint)
+                    choice = ResumeChoice(restored, read_manifest(restored), choice.rejected, choice.latest_hint, True)
         box = [choice]
         dist.broadcast_object_list(box, src=0)
         return box[0]

@@ -175,6 +175,7 @@ class Trainer:
 
     def resume(self) -> None:
         rejected: list[tuple[str, str]] = []
+        corrupt_copies: set[tuple[str, bool]] = set()  # (name, restored) of each copy whose load found it corrupt
         touched = False  # a load failed verification after copying some tensors into the state
         while True:
             started = time.perf_counter()
@@ -187,8 +188,9 @@ class Trainer:
                 self.ckpt.resumed()
                 self.log("fresh_start", rejected=rejected)
                 return
-            if any(name == choice.path.name for name, _ in rejected):
-                # rejected on load, then offered again (a restore from the remote tier): never loop
+            if (choice.path.name, choice.restored) in corrupt_copies:
+                # the same copy offered again (the remote tier's, downloaded anew): never loop. A local
+                # copy found corrupt is replaced by the remote tier's, which is another copy.
                 self.log("load_failed", name=choice.path.name, error="offered again after it failed its load")
                 raise RuntimeError(f"{choice.path.name} was offered again after it failed verification on load")
             manifest = choice.manifest
@@ -205,6 +207,7 @@ class Trainer:
                 if corrupt is not None:  # found while reading it: as if validation had rejected it
                     self.ckpt.reject(choice.path, corrupt)
                     rejected.append((choice.path.name, corrupt))
+                    corrupt_copies.add((choice.path.name, choice.restored))
                     touched = True
                     continue
                 # A checkpoint that validated but cannot be read (an I/O error): say so, and exit non-zero

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from ckpt_chaos.check.history import FaultFired, RankExited, Reaped, of, read_history
+from ckpt_chaos.check.history import FaultFired, RankExited, Reaped, of, read_history, trainer_events
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
@@ -201,6 +201,17 @@ def test_a_checkpoint_rejected_on_load_and_deleted_instead_of_kept_aside_is_caug
     assert list(bad) == ["committed_kept"], bad  # the resume itself goes on from step 4 as it should
     assert "step_00000008, committed by launch 0, was rejected on load (" in bad["committed_kept"]
     assert "and is gone: not kept aside in rejected/ with its reason" in bad["committed_kept"]
+
+
+def test_a_resume_that_refuses_the_remote_copy_of_a_checkpoint_found_corrupt_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "remote/local-rot-then-durable-copy-restored.toml",
+            "tests.planted.refuses_restored_copy")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    assert "job_completed" in bad and "last launch exit status 1" in bad["job_completed"], bad
+    assert "trajectory" in bad and "were never trained" in bad["trajectory"], bad
+    said = [e["error"] for e in trainer_events(r.run_dir, "load_failed")]
+    assert said == ["offered again after it failed its load"], said  # the restored copy, refused
 
 
 def test_a_time_cadence_lost_on_resume_is_caught_by_a_second_crash(tmp_path, golden_root):

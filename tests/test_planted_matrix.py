@@ -100,6 +100,8 @@ CATCHES: dict[str, tuple[str | None, str]] = {
                                   "test_harness_planted_bugs.py::test_a_resume_that_refuses_a_change_of_cadence_is_caught"),
     "refuses_only_lr": ("process/relaunch-with-changed-lr-is-refused.toml",
                         "test_harness_planted_bugs.py::test_a_resume_that_refuses_only_a_changed_learning_rate_is_caught"),
+    "refuses_restored_copy": ("remote/local-rot-then-durable-copy-restored.toml",
+                              "test_harness_planted_bugs.py::test_a_resume_that_refuses_the_remote_copy_of_a_checkpoint_found_corrupt_is_caught"),
     "remote_delete_keeps_data": ("remote/upload-reset-mid-manifest.toml",
                                  "test_harness_planted_bugs.py::test_remote_retention_that_leaves_data_objects_behind_is_caught"),
     "rename_without_fsync": ("storage/power-loss-after-latest.toml",

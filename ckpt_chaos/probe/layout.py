@@ -191,6 +191,7 @@ class ResumeChoice:
     manifest: dict | None
     rejected: list[tuple[str, str]]  # (name, reason) of newer checkpoints that failed validation
     latest_hint: str | None
+    restored: bool = False  # brought from the remote tier: another copy than a local one of that name
 
 
 def choose_resume(root: Path, verify_checksums: bool = True,
