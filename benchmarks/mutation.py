@@ -826,6 +826,8 @@ def resume(args: argparse.Namespace) -> int:
 
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
+    run = json.loads((work / "run.json").read_text())
+    unchanged_since(work, run)
     equivalent, pending = load_equivalent(), 0
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
         for item in list(db.pending_work_items):  # marked equivalent since: not worth a run
@@ -834,7 +836,6 @@ def resume(args: argparse.Namespace) -> int:
                                                       worker_outcome=WorkerOutcome.SKIPPED))
             else:
                 pending += 1
-    run = json.loads((work / "run.json").read_text())
     if args.jobs is not None or args.executor is not None:  # how the rest runs: the verdicts do not depend on it
         state = json.loads((work / "state.json").read_text())
         state["run_args"] = run_args(args)
@@ -844,6 +845,21 @@ def resume(args: argparse.Namespace) -> int:
     _timed_exec(work, run, lambda: _exec(_tool("cosmic-ray"), work / "cosmic-ray.toml", work / "session.sqlite",
                                          work / "tree", work / "mutants.log", args.budget, pending))
     return _report(work / "session.sqlite", run["command"], run["extra"], Path(args.results))
+
+
+def unchanged_since(work: Path, run: dict) -> None:
+    """A resumed run's verdicts must all be of one tree: the trainer, the harness and the scenarios
+    (their fingerprint) as they were when the run began, or the pending mutants would run against
+    other code and be cached under the old fingerprint."""
+    began = (run["extra"].get("cache") or {}).get("fingerprint")
+    if not began:
+        return
+    state = json.loads((work / "state.json").read_text())
+    aim = target(run["extra"]["sample"].get("example"))
+    if fingerprint(state["base"], state["files"], fingerprinted=aim["fingerprinted"]) != began:
+        raise MutationError(f"--resume: {', '.join(aim['fingerprinted'])} changed since the run in {work} began, so "
+                            "its pending mutants would run against other code than its verdicts so far; check out "
+                            "the commit it began at to go on (git log), or start a new run without --resume")
 
 
 def _report(session: Path, command: str, extra: dict, results: Path) -> int:

@@ -584,7 +584,10 @@ def mutation_md(d: dict) -> str:
     # mutation.py --example NAME: the whole of the example's train.py, under its own scenarios
     what = (f"of `{s['files'][0]}` (the whole file), each against the scenarios of `{s['scenarios']}` (every "
             "suite) that pass unmutated and reach its line" if s.get("example") else
-            "of the checkpoint path, each against the default-suite scenarios that reach its line")
+            "of the checkpoint path, each against the "
+            # a baseline of named scenarios is mutation.baseline_scenarios(); one of a suite, the default suite
+            + ("scenarios of the default and mutation suites" if "/custom/" in d.get("baseline", "")
+               else "default-suite scenarios") + " that reach its line")
     out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): {made_by} "
            f"{what}, cheapest first, to the first failure. Mutants: "
            + (f"those named ({len(s['named'])})" if s.get("named") else

@@ -488,3 +488,15 @@ def test_a_mutant_no_scenario_reaches_is_left_to_exec_so_a_cut_run_stays_a_rando
     assert (counts["to run"], counts["not reached"]) == (1, 1)
     with use_db(str(session), WorkDB.Mode.open) as db:
         assert sorted(i.job_id for i in db.pending_work_items) == sorted(map(str, lines))
+
+
+def test_a_run_is_resumed_only_with_the_code_it_began_with(tmp_path):
+    files = ["reference_trainer/checkpoint.py"]
+    base = {"reached": {"reference_trainer/checkpoint.py": {"10": ["quick"]}}}
+    (tmp_path / "state.json").write_text(json.dumps({"base": base, "files": files}))
+    began = mutation.fingerprint(base, files)
+    run = {"extra": {"sample": {"files": files}, "cache": {"dir": None, "fingerprint": began}}}
+    mutation.unchanged_since(tmp_path, run)  # the same tree: it goes on
+    run["extra"]["cache"]["fingerprint"] = "0" * 64  # as if a scenario or the trainer had changed since
+    with pytest.raises(mutation.MutationError, match="--resume: reference_trainer, ckpt_chaos changed since"):
+        mutation.unchanged_since(tmp_path, run)
