@@ -69,6 +69,16 @@ def _faults_fired(run: Run, report: Report) -> None:
             report.add("fired", True, fault=i, detail=f"{f.kind} {f.target} fired at {t}")
             continue
         ex = run.exit_of(f.attempt)
+        ender = next((h for h in run.faults() if h.launch == f.attempt and run.s.faults[h.index].spec.ends_launch),
+                     None)
+        if ender is not None:
+            # two triggers racing (a power loss on one rank, a full disk on another at the same save):
+            # the run does not show whether this one would have been reached had the launch gone on
+            report.add("fired", "unknown", fault=i, detail=
+                       f"{f.kind} {f.target} never fired: fault {ender.index} ({ender.fault}) ended launch "
+                       f"{f.attempt} before a probe event matched {t}; nothing of its effect can be checked "
+                       f"(if this is so on every run, faults[{i}].when comes too late in the launch)")
+            continue
         why = f"check faults[{i}].when against the points the trainer reports (history.jsonl)"
         if ex is not None and ex.rc != 0:
             # the launch died on its own first: its error says more than the probe points do
