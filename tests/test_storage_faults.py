@@ -647,6 +647,10 @@ def test_a_failed_call_is_tied_to_the_checkpoint_it_was_part_of():
     # outside any checkpoint (the directory, latest.tmp): the save the fault fired in
     root = _fired(2, 3.0, "ckpt.manifest", "step_00000006")
     assert _failed_in(root, [{"path": "/", "t": 3.1}, {"path": "/latest.tmp", "t": 3.2}]) == {"step_00000006"}
+    # another checkpoint's call (retention renaming step 2 to trash): it, and the save that retires it
+    retire = _fired(3, 4.0, "ckpt.latest", "step_00000006")
+    assert _failed_in(retire, [{"path": "/step_00000002", "t": 4.1}]) == {"step_00000002", "step_00000006"}
+    assert _failed_in(retire, [{"path": "/.trash-step_00000002", "t": 4.1}]) == {"step_00000002", "step_00000006"}
     # nothing names one (a fault fired at a step): every report still counts
     assert _failed_in(_fired(0, 1.0, "step.begin", None), [{"path": "/", "t": 1.1}]) == set()
     assert _failed_in(manifest, None) == set()
@@ -676,3 +680,26 @@ def test_a_later_faults_report_does_not_answer_for_an_earlier_swallowed_one():
     assert verdicts[2][0] == "pass" and "save_failed step_00000006" in verdicts[2][1]
     assert verdicts[1][0] == "fail", verdicts[1]
     assert "for step_00000004; it reported only save_failed step_00000006" in verdicts[1][1]
+
+
+def test_a_report_made_before_the_call_failed_does_not_answer_for_it():
+    """The relaunch rejects a torn step 8 (ckpt_rejected step 8), then moving it aside fails and the
+    trainer swallows that: the rejection came before the failed call and is not its report."""
+    import types
+
+    from ckpt_chaos.check.verdict import Report
+    from ckpt_chaos.faults.storage import _surfaced
+
+    h = _fired(0, 1.0, "train.start", None)
+    fault = types.SimpleNamespace(kind="errno", params=types.SimpleNamespace(errno="EIO", call="rename"),
+                                  spec=types.SimpleNamespace(fills_disk=False))
+    hits = [{"path": "/step_00000008", "t": 1.5, "pid": 7}]
+    for t, verdict in ((1.2, "fail"), (1.6, "pass")):
+        events = [{"event": "ckpt_rejected", "name": "step_00000008", "attempt": 0, "t": t}]
+        run = types.SimpleNamespace(s=types.SimpleNamespace(faults=[fault]), events=events,
+                                    exit_of=lambda launch: types.SimpleNamespace(rc=0), faults=lambda: [h],
+                                    probes=lambda *a: [])
+        report = Report()
+        _surfaced(run, h, report, hits)
+        (check,) = report.checks
+        assert check.verdict == verdict, (t, check)

@@ -19,7 +19,7 @@ from ckpt_chaos.env.storage import POWER_LOSS_MODES, missing
 from ckpt_chaos.faults.kind import FaultKind, Nemesis
 from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.search_rules import CORRUPT, DISK_FULL, ERRNO, POWER_LOSS, SLOW
-from ckpt_chaos.probe.layout import TMP_PREFIX, parse_name
+from ckpt_chaos.probe.layout import TMP_PREFIX, TRASH_PREFIX, parse_name
 
 if TYPE_CHECKING:
     from ckpt_chaos.check.history import FaultFired
@@ -339,17 +339,19 @@ def _reported(run: Run, h: FaultFired) -> list[dict]:
 def _failed_in(h: FaultFired, hits: list[dict] | None) -> set[str]:
     """The checkpoints the failed calls belonged to: named by each call's path (``.tmp-step_N/...``,
     ``step_N/...``), or, for a call outside any checkpoint (the directory itself, ``latest.tmp``), the
-    one whose save the fault fired in (its ``ckpt.*`` probe event's name). Empty where a call cannot
-    be tied to one: any report then counts, as it must for a fault whose call is not a checkpoint's."""
+    one whose save the fault fired in (its ``ckpt.*`` probe event's name). That save is named too
+    where a call was another checkpoint's (retention renaming an older one to trash fails the save
+    that retires it, which is what the trainer reports). Empty where a call cannot be tied to one:
+    any report then counts, as it must for a fault whose call is not a checkpoint's."""
     at = h.at.get("info", {}).get("name") if str(h.at.get("point", "")).startswith("ckpt.") else None
     names = set()
     for x in hits or []:
-        name = x["path"].lstrip("/").split("/")[0].removeprefix(TMP_PREFIX)
+        name = x["path"].lstrip("/").split("/")[0].removeprefix(TMP_PREFIX).removeprefix(TRASH_PREFIX)
         name = name if parse_name(name) else at
         if not name:
             return set()
         names.add(name)
-    return names
+    return names | {at} if names and at else names
 
 
 def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) -> None:
@@ -361,6 +363,10 @@ def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) 
     fault = run.s.faults[h.index]
     ex = run.exit_of(h.launch)
     reported = _reported(run, h)
+    if hits:
+        # a report made before the call failed (the checkpoint found corrupt, then moving it aside
+        # failed) is not a report of the failure
+        reported = [e for e in reported if e.get("t", 0) >= min(x["t"] for x in hits)]
     # with several faults in a launch, a later one's failure is reported too: only a report of the
     # checkpoint this fault's calls failed in answers for it
     failed_in = _failed_in(h, hits)
