@@ -259,6 +259,32 @@ def test_restored_durable_fails_a_restore_that_misreports_the_bytes_it_fetched(t
                                            "1850783 bytes fetched")
 
 
+def test_uploaded_durable_fails_an_upload_reported_durable_that_the_remote_tier_does_not_hold(tmp_path):
+    """The uploader logged step 4 uploaded, but its manifest's put had failed (a reset link) and was
+    swallowed: the next view of the bucket shows no durable step 4 nor anything newer."""
+    from ckpt_chaos.check.checks import Report, Run, _remote_tier
+    from ckpt_chaos.scenario import Remote, Scenario
+
+    def verdict(held: list[str], partial: list[str], claimed_at: float = 3.0) -> tuple[str, str]:
+        remote = {"checkpoints": {n: None for n in held}, "partial": partial,
+                  "newest_durable": held[0] if held else None, "bytes": {n: 10 for n in held}}
+        records = [Exited(t=6.0, launch=0, rc=0, snapshot=SNAPSHOT, remote=remote)]
+        events = [{"event": "fresh_start", "attempt": 0, "t": 1.0},
+                  {"event": "uploaded", "attempt": 0, "name": "step_00000004", "t": claimed_at, "seconds": 0.1}]
+        report = Report()
+        _remote_tier(Run(Scenario(name="x", remote=Remote()), tmp_path, tmp_path, records, events), report)
+        (c,) = [c for c in report.checks if c.name == "uploaded_durable"]
+        return c.verdict, c.detail
+
+    assert verdict(["step_00000004", "step_00000002"], [])[0] == "pass"
+    # remote retention took it once a newer one was durable
+    assert verdict(["step_00000008", "step_00000006"], [])[0] == "pass"
+    v, detail = verdict(["step_00000002"], ["step_00000004"])
+    assert v == "fail" and "reported step_00000004 durable" in detail and "at the end of launch 0" in detail, detail
+    # no view of the bucket after the report: nothing to judge it by
+    assert verdict(["step_00000002"], ["step_00000004"], claimed_at=7.0)[0] == "unknown"
+
+
 def test_loaded_equals_saved_is_unknown_for_a_mid_step_checkpoint_without_a_gradient_digest(tmp_path):
     from ckpt_chaos.check.checks import Report, Run, _loaded_equals_saved
 

@@ -11,7 +11,7 @@ import pytest
 
 from ckpt_chaos.check.history import Exited, FaultFired
 from ckpt_chaos.check.promises import (UNCHANGEABLE, command_retention, committed_kept, final_directory,
-                                       refused_keys, relaunch_cases)
+                                       refused_keys, relaunch_cases, save_failure_policy)
 from ckpt_chaos.check.verdict import Report, Run
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.scenario import Command, Scenario, ScenarioError, load, validate
@@ -168,6 +168,30 @@ def test_committed_kept_fails_a_checkpoint_gone_without_retention_or_rejection(t
     assert verdict == "fail"
     assert detail == ("step_00000004, committed by launch 0, is gone at the end: no retention pass reported deleting "
                       "it and no load rejected it")
+
+
+# ---- what a failed save does ---------------------------------------------------------------------------
+
+def test_a_save_failed_under_policy_stop_must_end_its_launch_non_zero_with_no_step_after(tmp_path):
+    """The emergency save of a preemption failed, and the trainer, whose policy is to stop, swallowed
+    the error and exited 0: the scheduler takes that for a clean end."""
+    (tmp_path / "trajectory.jsonl").write_text("".join(
+        f'{{"attempt": 0, "step": {n}, "t": {n}.0, "loss": 1.0}}\n' for n in (5, 6, 7)))
+    failed = {"event": "save_failed", "attempt": 0, "name": "step_00000006.001", "reason": "preempt",
+              "policy": "stop", "t": 6.5}
+
+    def verdict(rc, t=6.5, policy="stop"):
+        events = [{**failed, "t": t, "policy": policy}]
+        checks = _checks(_run(tmp_path, events, [Exited(t=9.0, launch=0, rc=rc, snapshot=_snap(N4))]),
+                         save_failure_policy)
+        return checks.get("save_failure_policy", (None, None))
+
+    assert verdict(1, t=7.5)[0] == "pass"
+    v, detail = verdict(0)
+    assert v == "fail" and "exited with status 0" in detail and "after training on to step 7" in detail, detail
+    v, detail = verdict(1, t=5.5)
+    assert v == "fail" and "trained on to step 7 before it exited (status 1)" in detail, detail
+    assert verdict(0, policy="continue") == (None, None)  # going on is what that policy promises
 
 
 # ---- configuration on relaunch --------------------------------------------------------------------------

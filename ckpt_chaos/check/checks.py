@@ -20,7 +20,8 @@ from pathlib import Path
 from ckpt_chaos.check.expected import harness_relaunch, relaunched, resumed
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, final_state, launch_logs,
                                      trajectory, trainer_events)
-from ckpt_chaos.check.promises import committed_kept, final_directory, refused_keys, refusal_problems
+from ckpt_chaos.check.promises import (committed_kept, final_directory, refusal_problems, refused_keys,
+                                     save_failure_policy)
 from ckpt_chaos.check.timings import detection_timings, reported_timings
 from ckpt_chaos.check.verdict import CheckSpec, Report, Run, first_few
 from ckpt_chaos.faults.kind import FaultKind
@@ -630,6 +631,7 @@ def _remote_tier(run: Run, report: Report) -> None:
             report.add("restored_durable", reason is None, at=launch, detail=
                        f"launch {launch} restored {e['name']}, complete on the remote tier{said}" if reason is None
                        else f"launch {launch} restored {e['name']} from the remote tier, which was {reason}")
+    _uploaded_durable(run, report, views, damaged)
     exits = run.records(Exited)
     if exits and exits[-1].rc == 0 and run.trainer("finished") and exits[-1].remote is not None:
         local, remote = exits[-1].snapshot["newest_valid"], exits[-1].remote["newest_durable"]
@@ -649,6 +651,39 @@ def _remote_tier(run: Run, report: Report) -> None:
         report.add("upload_stall", ok,
                    f"handing checkpoints to the uploader stalled training {stall * 1000:.1f} ms in all, while uploads "
                    f"took {uploading:.2f} s" + ("" if ok else ": the training loop waited for its uploads"))
+
+
+def _uploaded_durable(run: Run, report: Report, views: list, damaged: dict) -> None:
+    """Each checkpoint the uploader reported durable (``uploaded``) was: at the first view of the
+    remote tier after the report it has its manifest there, or a newer checkpoint is durable (remote
+    retention deletes one only then, and a view mid-deletion shows the same). A report that no view
+    follows is not judged."""
+    from ckpt_chaos.probe.layout import parse_name
+
+    claims = run.trainer("uploaded")
+    problems, judged = [], 0
+    for e in claims:
+        after = [v for v in views if v[2] > e["t"]]
+        if not after or e["name"] in damaged:
+            continue
+        label, _, _, remote = min(after, key=lambda v: v[2])
+        judged += 1
+        held = remote["checkpoints"]
+        if e["name"] in held or any(parse_name(n) > parse_name(e["name"]) for n in held):
+            continue
+        problems.append(f"the uploader reported {e['name']} durable (uploaded, launch {e.get('attempt')}), but "
+                        f"the remote tier's next view ({'at fault ' + label[6:] if label.startswith('fault_') else 'at the end of launch ' + label}) "
+                        f"holds no manifest for it nor any newer durable checkpoint: the manifest's put failed or never "
+                        f"happened, and a restore would not find the checkpoint" + _blame(run, e["t"]))
+    if not claims:
+        return
+    if not judged:
+        report.add("uploaded_durable", "unknown", f"{len(claims)} upload(s) reported durable, but no view of the "
+                   "remote tier came after any of them (or each was damaged on purpose): none could be checked")
+        return
+    report.add("uploaded_durable", not problems,
+               f"{judged} upload(s) reported durable, each held durable by the remote tier at its next view"
+               if not problems else first_few(problems))
 
 
 def _upload_backoff(run: Run, report: Report) -> None:
@@ -816,6 +851,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("remote_durable_complete", _remote, _remote_tier),
     CheckSpec("restored_durable", lambda s: _remote(s) and relaunched(s) and any(f.spec.loses_disk
                                                                                  for f in s.faults), _remote_tier),
+    CheckSpec("uploaded_durable", _remote, _remote_tier),
     CheckSpec("final_durable", _remote, _remote_tier),
     CheckSpec("remote_retention", _remote, _remote_tier),
     # an upload attempt fails when a fault cuts or stalls its link (other faults may fail one too)
@@ -829,6 +865,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("retention_kept", lambda s: bool(s.trainer.get("keep_every") or s.trainer.get("keep_best")),
               final_directory),
     CheckSpec("committed_kept", _always, committed_kept),
+    CheckSpec("save_failure_policy", lambda s: s.trainer.get("on_save_failure") == "stop", save_failure_policy),
     CheckSpec("detected_in_time", lambda s: s.expect.detect_within_s is not None and relaunched(s),
               detection_timings),
     CheckSpec("reported_timings", _always, reported_timings),  # every catalogue run trains a step and times it

@@ -10,7 +10,10 @@ one hand-picked case:
   change is what the trainer declares (``refused_keys``), and ``relaunch_cases`` generates, for every
   field it declares, the relaunch that changes it;
 * ``committed_kept``: a checkpoint once committed leaves the checkpoint folder only through retention,
-  and one a load rejected is kept aside (``rejected/``) with its reason.
+  and one a load rejected is kept aside (``rejected/``) with its reason;
+* ``save_failure_policy``: a save the trainer reports failed under ``on_save_failure = stop`` (the
+  policy each ``save_failed`` event names) ends its launch with a non-zero status and no step after
+  it: a scheduler must not take a job that lost its checkpoint for one that finished.
 
 The policy is the trainer's: the reference trainer's keys as each launch ran with them, its defaults
 and its resumable fields from ``reference_trainer/config.py``; a ``[command]`` trainer's as its
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckpt_chaos.check.history import Exited, kept_aside, named
-from ckpt_chaos.check.verdict import Report, Run, first_few
+from ckpt_chaos.check.verdict import Report, Run, first_few, trajectory_records
 from ckpt_chaos.probe.layout import parse_name
 
 if TYPE_CHECKING:
@@ -474,3 +477,31 @@ def relaunch_cases(base: Scenario) -> tuple[list[RelaunchCase], dict[str, str]]:
             expect=dataclasses.replace(base.expect, refused=[key] if refused else []))
         cases.append(RelaunchCase(key, value, refused, s))
     return cases, left_out
+
+
+def save_failure_policy(run: Run, report: Report) -> None:
+    """Each save reported failed with policy ``stop`` ended its launch: a non-zero exit status, and no
+    step trained after the report. A launch with no recorded exit is not judged."""
+    failed = [e for e in run.trainer("save_failed") if e.get("policy") == "stop"]
+    if not failed:
+        return
+    steps = trajectory_records(run.dir)
+    problems, judged = [], 0
+    for e in failed:
+        launch = e.get("attempt")
+        ex = run.exit_of(launch)
+        if ex is None or ex.rc is None:
+            continue
+        judged += 1
+        after = [r["step"] for r in steps if r.get("attempt") == launch and r.get("t", 0) > e.get("t", 0)]
+        what = f"save {e.get('name')} ({e.get('reason')}) failed under on_save_failure = stop"
+        if ex.rc == 0:
+            problems.append(f"{what}, but launch {launch} exited with status 0: a failed checkpoint reported as a "
+                            "clean end" + (f", after training on to step {max(after)}" if after else ""))
+        elif after:
+            problems.append(f"{what}, but launch {launch} trained on to step {max(after)} before it exited "
+                            f"(status {ex.rc})")
+    if judged:
+        report.add("save_failure_policy", not problems,
+                   f"{judged} save(s) failed under on_save_failure = stop, each ending its launch with a non-zero "
+                   "status and no further step" if not problems else first_few(problems))

@@ -207,6 +207,15 @@ def _preemption_handled(run: Run, h: FaultFired, report: Report) -> None:
                    detail=f"fault {later[0].index} ({later[0].fault}) interrupted the emergency save on purpose")
         return
     stops = [e for e in run.trainer("stopped", h.launch) if e.get("reason") == "preempt"]
+    failed = [e for e in run.trainer("save_failed", h.launch) if e.get("reason") == "preempt" and e.get("t", 0) >= h.t]
+    earlier = [x for x in run.faults() if x.launch == h.launch and x.t < h.t and run.s.faults[x.index].spec.fails_saves]
+    if not stops and failed and earlier:
+        # no emergency checkpoint could be made; whether the launch then ended as the trainer's
+        # on_save_failure promises is save_failure_policy's to judge
+        report.add("preemption_handled", "n/a", fault=h.index, detail=
+                   f"fault {earlier[-1].index} ({earlier[-1].fault}) made saves fail before the SIGTERM, and the "
+                   f"emergency save {failed[0].get('name')} failed, which the trainer reported (save_failed)")
+        return
     in_grace = not (ex and ex.grace_expired)
     ok = bool(stops) and in_grace
     detail = (f"emergency checkpoint at step {stops[0]['step']}+{stops[0]['micro']} micro-batches in "
