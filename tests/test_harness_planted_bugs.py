@@ -401,6 +401,16 @@ def test_an_uploader_that_gives_up_an_attempt_early_is_caught(tmp_path, golden_r
     assert "given up after 1 failed attempt(s) (numbered [1]), but upload_retries=2" in bad["upload_retries"], bad
 
 
+def test_a_failed_emergency_save_swallowed_into_a_clean_exit_is_caught(tmp_path, golden_root):
+    r = run(tmp_path, golden_root, "preempt-on-a-full-disk-stops-with-the-error.toml",
+            "tests.planted.exits_0_after_a_failed_emergency_save")
+    assert r.verdict == "fail"
+    bad = failed(r)
+    # the scenario says the disk-full launch fails (job_fails): both name the exit 0
+    assert set(bad) == {"save_failure_policy", "fault_0_job_failed"}, bad
+    assert "failed under on_save_failure = stop, but launch 0 exited with status 0" in bad["save_failure_policy"], bad
+
+
 def test_a_time_cadence_that_saves_at_every_step_is_caught(tmp_path, golden_root):
     r = run(tmp_path, golden_root, "time-cadence-killed-twice.toml", "tests.planted.time_cadence_in_milliseconds")
     assert r.verdict == "fail"

@@ -63,6 +63,8 @@ CATCHES: dict[str, tuple[str | None, str]] = {
                               "test_harness_planted_bugs.py::test_a_drain_that_never_replaces_a_dead_uploader_is_caught"),
     "emergency_save_mid_step_only": ("process/preempt-on-the-last-micro-batch-of-a-step.toml",
                                      "test_harness_planted_bugs.py::test_an_emergency_save_skipped_at_a_step_boundary_is_caught"),
+    "exits_0_after_a_failed_emergency_save": ("process/preempt-on-a-full-disk-stops-with-the-error.toml",
+                                              "test_harness_planted_bugs.py::test_a_failed_emergency_save_swallowed_into_a_clean_exit_is_caught"),
     "fresh_start_keeps_failed_load": ("storage/flip-in-the-only-checkpoint-as-its-load-begins.toml",
                                       "test_harness_planted_bugs.py::test_a_fresh_start_on_the_tensors_of_a_failed_load_is_caught"),
     "gives_up_an_upload_early": ("remote/upload-reset-mid-manifest.toml",
