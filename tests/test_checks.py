@@ -259,6 +259,33 @@ def test_restored_durable_fails_a_restore_that_misreports_the_bytes_it_fetched(t
                                            "1850783 bytes fetched")
 
 
+def test_restored_in_place_fails_a_restore_reported_whose_copy_is_not_in_the_folder(tmp_path):
+    """The restore's rename into place failed and was swallowed: restored_from_remote was logged, and
+    the launch then died reading the manifest of a folder that is not there."""
+    from ckpt_chaos.check.checks import Report, Run, _remote_tier
+    from ckpt_chaos.scenario import Remote, Scenario
+
+    remote = {"checkpoints": {"step_00000004": None}, "partial": [], "newest_durable": "step_00000004",
+              "bytes": {"step_00000004": 10}}
+
+    def verdict(held: dict, loaded: bool = False) -> tuple[str, str] | None:
+        snap = {**SNAPSHOT, "checkpoints": held}
+        records = [Exited(t=2.0, launch=0, rc=-9, snapshot=SNAPSHOT, remote=remote),
+                   Exited(t=4.0, launch=1, rc=1, snapshot=snap, remote=remote)]
+        events = [{"event": "fresh_start", "attempt": 0, "t": 1.0},
+                  {"event": "restored_from_remote", "attempt": 1, "name": "step_00000004", "bytes": 10, "t": 3.0}]
+        events += [{"event": "loaded", "attempt": 1, "name": "step_00000004", "t": 3.5}] if loaded else []
+        report = Report()
+        _remote_tier(Run(Scenario(name="x", remote=Remote()), tmp_path, tmp_path, records, events), report)
+        found = [c for c in report.checks if c.name.startswith("restored_in_place")]
+        return (found[0].verdict, found[0].detail) if found else None
+
+    assert verdict({"step_00000004": None})[0] == "pass"
+    v, detail = verdict({})
+    assert v == "fail" and "the checkpoint folder held no step_00000004" in detail, detail
+    assert verdict({}, loaded=True) is None  # the load says what became of it
+
+
 def test_uploaded_durable_fails_an_upload_reported_durable_that_the_remote_tier_does_not_hold(tmp_path):
     """The uploader logged step 4 uploaded, but its manifest's put had failed (a reset link) and was
     swallowed: the next view of the bucket shows no durable step 4 nor anything newer."""

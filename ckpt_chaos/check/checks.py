@@ -631,6 +631,7 @@ def _remote_tier(run: Run, report: Report) -> None:
             report.add("restored_durable", reason is None, at=launch, detail=
                        f"launch {launch} restored {e['name']}, complete on the remote tier{said}" if reason is None
                        else f"launch {launch} restored {e['name']} from the remote tier, which was {reason}")
+            _restored_in_place(run, report, launch, e)
     _uploaded_durable(run, report, views, damaged)
     exits = run.records(Exited)
     if exits and exits[-1].rc == 0 and run.trainer("finished") and exits[-1].remote is not None:
@@ -651,6 +652,26 @@ def _remote_tier(run: Run, report: Report) -> None:
         report.add("upload_stall", ok,
                    f"handing checkpoints to the uploader stalled training {stall * 1000:.1f} ms in all, while uploads "
                    f"took {uploading:.2f} s" + ("" if ok else ": the training loop waited for its uploads"))
+
+
+def _restored_in_place(run: Run, report: Report, launch: int, e: dict) -> None:
+    """A launch that ended after reporting a restore (``restored_from_remote``) but before loading
+    anything left the restored copy in the checkpoint folder under its name: its rename happened and
+    was made durable, a power cut included. Not judged where the launch loaded it (its load says more)
+    or where a later fault of the launch took the disk or damaged a checkpoint."""
+    ex = run.exit_of(launch)
+    if ex is None or any(x.get("t", 0) > e["t"] for x in run.trainer("loaded", launch)):
+        return
+    if any(x.launch == launch and x.t > e["t"] and (_spec(run, x).loses_disk or _spec(run, x).damages)
+           for x in run.faults()):
+        return
+    here = e["name"] in ex.snapshot.get("checkpoints", {})
+    report.add("restored_in_place", here, at=launch, detail=
+               f"launch {launch} reported restoring {e['name']} and ended before loading it; the copy is in "
+               "the checkpoint folder under that name" if here else
+               f"launch {launch} reported restoring {e['name']} from the remote tier (restored_from_remote), but "
+               f"when it ended (status {ex.rc}) the checkpoint folder held no {e['name']}: the copy's rename "
+               "failed or was never made durable" + _blame(run, ex.t))
 
 
 def _uploaded_durable(run: Run, report: Report, views: list, damaged: dict) -> None:
@@ -851,6 +872,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("remote_durable_complete", _remote, _remote_tier),
     CheckSpec("restored_durable", lambda s: _remote(s) and relaunched(s) and any(f.spec.loses_disk
                                                                                  for f in s.faults), _remote_tier),
+    CheckSpec("restored_in_place", lambda s: _remote(s) and relaunched(s) and any(f.spec.loses_disk
+                                                                                  for f in s.faults), _remote_tier),
     CheckSpec("uploaded_durable", _remote, _remote_tier),
     CheckSpec("final_durable", _remote, _remote_tier),
     CheckSpec("remote_retention", _remote, _remote_tier),
