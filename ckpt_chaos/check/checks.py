@@ -69,7 +69,6 @@ def _faults_fired(run: Run, report: Report) -> None:
         if i in fired:
             report.add("fired", True, fault=i, detail=f"{f.kind} {f.target} fired at {t}")
             continue
-        ex = run.exit_of(f.attempt)
         ender = next((h for h in run.faults() if h.launch == f.attempt and run.s.faults[h.index].spec.ends_launch),
                      None)
         if ender is not None:
@@ -80,6 +79,7 @@ def _faults_fired(run: Run, report: Report) -> None:
                        f"{f.attempt} before a probe event matched {t}; nothing of its effect can be checked "
                        f"(if this is so on every run, faults[{i}].when comes too late in the launch)")
             continue
+        ex = run.exit_of(f.attempt)
         why = f"check faults[{i}].when against the points the trainer reports (history.jsonl)"
         if ex is not None and ex.rc != 0:
             # the launch died on its own first: its error says more than the probe points do
@@ -687,15 +687,16 @@ def _uploaded_durable(run: Run, report: Report, views: list, damaged: dict) -> N
         after = [v for v in views if v[2] > e["t"]]
         if not after or e["name"] in damaged:
             continue
-        label, _, _, remote = min(after, key=lambda v: v[2])
+        label, index, _, remote = min(after, key=lambda v: v[2])
         judged += 1
         held = remote["checkpoints"]
         if e["name"] in held or any(parse_name(n) > parse_name(e["name"]) for n in held):
             continue
+        when = f"at fault {index}" if index is not None else f"at the end of launch {label}"
         problems.append(f"the uploader reported {e['name']} durable (uploaded, launch {e.get('attempt')}), but "
-                        f"the remote tier's next view ({'at fault ' + label[6:] if label.startswith('fault_') else 'at the end of launch ' + label}) "
-                        f"holds no manifest for it nor any newer durable checkpoint: the manifest's put failed or never "
-                        f"happened, and a restore would not find the checkpoint" + _blame(run, e["t"]))
+                        f"the remote tier's next view ({when}) holds no manifest for it nor any newer durable "
+                        "checkpoint: the manifest's put failed or never happened, and a restore would not find "
+                        "the checkpoint" + _blame(run, e["t"]))
     if not claims:
         return
     if not judged:
@@ -832,6 +833,11 @@ def _remote(s: Scenario) -> bool:
     return s.remote is not None
 
 
+def _restores(s: Scenario) -> bool:
+    """A relaunch may restore from the remote tier: a fault took the local disk."""
+    return _remote(s) and relaunched(s) and any(f.spec.loses_disk for f in s.faults)
+
+
 def _lost_work_limit(s: Scenario) -> bool:
     return (s.expect.max_lost_steps is not None or bool(s.trainer.get("ckpt_every_steps"))
             or any(f.spec.notice for f in s.faults))
@@ -870,10 +876,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("committed_survives", resumed, _crash_states),
     CheckSpec("committed_valid", _always, _committed_valid),
     CheckSpec("remote_durable_complete", _remote, _remote_tier),
-    CheckSpec("restored_durable", lambda s: _remote(s) and relaunched(s) and any(f.spec.loses_disk
-                                                                                 for f in s.faults), _remote_tier),
-    CheckSpec("restored_in_place", lambda s: _remote(s) and relaunched(s) and any(f.spec.loses_disk
-                                                                                  for f in s.faults), _remote_tier),
+    CheckSpec("restored_durable", _restores, _remote_tier),
+    CheckSpec("restored_in_place", _restores, _remote_tier),
     CheckSpec("uploaded_durable", _remote, _remote_tier),
     CheckSpec("final_durable", _remote, _remote_tier),
     CheckSpec("remote_retention", _remote, _remote_tier),

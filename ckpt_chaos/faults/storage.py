@@ -366,7 +366,8 @@ def _surfaced(run: Run, h: FaultFired, report: Report, hits: list[dict] | None) 
     if hits:
         # a report made before the call failed (the checkpoint found corrupt, then moving it aside
         # failed) is not a report of the failure
-        reported = [e for e in reported if e.get("t", 0) >= min(x["t"] for x in hits)]
+        first = min(x["t"] for x in hits)
+        reported = [e for e in reported if e.get("t", 0) >= first]
     # with several faults in a launch, a later one's failure is reported too: only a report of the
     # checkpoint this fault's calls failed in answers for it
     failed_in = _failed_in(h, hits)
