@@ -351,6 +351,40 @@ def test_a_trigger_on_an_upload_the_uploader_skipped_is_unknown_not_unfired(tmp_
     assert "the uploader skipped step_00000008 for the newer step_00000010" in report.checks[0].detail
 
 
+def test_manifest_facts_fail_a_manifest_that_leaves_out_or_misstates_the_training_it_holds(tmp_path):
+    """The manifest's tokens_seen must be the trajectory's at its step, its world_size that of the
+    launch that committed it; one left out fails as a wrong one does. Read from each launch's end."""
+    from ckpt_chaos.check.checks import Run, _manifest_facts
+    from ckpt_chaos.config import builtin_scenarios
+    from ckpt_chaos.scenario import load
+
+    s = load(builtin_scenarios() / "storage" / "corrupt-bitflip-in-shard.toml")
+    (tmp_path / "trajectory.jsonl").write_text("".join(
+        json.dumps({"step": k, "tokens_seen": 1024 * k, "attempt": 0}) + "\n" for k in range(1, 9)))
+    events = [{"event": "committed", "name": f"step_0000000{k}", "attempt": 0, "world_size": 2} for k in (4, 8)]
+
+    def checks(**manifests) -> dict[str, tuple[str, str]]:
+        report = Report()
+        snapshot = {"manifests": {f"step_0000000{k[1]}": facts for k, facts in manifests.items()}}
+        _manifest_facts(Run(s, tmp_path, tmp_path / "golden", [Exited(launch=0, rc=0, snapshot=snapshot)], events),
+                        report)
+        return {c.name: (c.verdict, c.detail) for c in report.checks}
+
+    right = {"step": 8, "micro": 0, "tokens_seen": 8192, "world_size": 2}
+    assert checks(s8=right, s4={**right, "step": 4, "tokens_seen": 4096}) == {
+        "manifest_facts": ("pass", "the manifests of 2 checkpoint(s) give the tokens seen and the world size the "
+                                   "run had")}
+    got = checks(s8=right, s4={"step": 4, "micro": 0, "world_size": 2})
+    assert list(got) == ["manifest_facts@step_00000004"], got
+    assert got["manifest_facts@step_00000004"] == ("fail", "step_00000004's manifest (at launch 0's end) lacks "
+                                                           "tokens_seen")
+    got = checks(s8={**right, "tokens_seen": 8000, "world_size": 4})
+    assert got["manifest_facts@step_00000008"][1].endswith(
+        "says tokens_seen = 8000, but step 8 of the trajectory had seen 8192; says world_size = 4, but the launch "
+        "that committed it ran 2 rank(s)"), got
+    assert checks() == {}  # nothing committed was seen valid: nothing to say
+
+
 def test_upload_retries_fails_an_upload_given_up_before_its_configured_attempts(tmp_path):
     from ckpt_chaos.check.checks import Report, Run, _upload_retries
     from ckpt_chaos.config import builtin_scenarios

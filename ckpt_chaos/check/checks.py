@@ -19,9 +19,9 @@ from pathlib import Path
 
 from ckpt_chaos.check.expected import harness_relaunch, relaunched, resumed
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, final_state, launch_logs,
-                                     trajectory, trainer_events)
-from ckpt_chaos.check.promises import (committed_kept, final_directory, refusal_problems, refused_keys,
-                                     save_failure_policy)
+                                     trajectory, trajectory_records, trainer_events)
+from ckpt_chaos.check.promises import (committed_kept, final_directory, reference_family, refusal_problems,
+                                     refused_keys, save_failure_policy)
 from ckpt_chaos.check.timings import detection_timings, reported_timings
 from ckpt_chaos.check.verdict import CheckSpec, Report, Run, first_few
 from ckpt_chaos.faults.kind import FaultKind
@@ -611,6 +611,45 @@ def _committed_valid(run: Run, report: Report) -> None:
         report.add("committed_valid", True, f"{checked} committed checkpoint(s) complete when their launch ended")
 
 
+def _manifest_facts(run: Run, report: Report) -> None:
+    """What each valid checkpoint's manifest says of the training it holds, as seen at every launch's
+    end, agrees with the run: the tokens seen by its step (the trajectory's) and the world size of the
+    launch that committed it. A field left out is as wrong as a wrong one: readers of the manifest
+    (`ckpt-chaos ckpts`, a tool picking a checkpoint) take it from there, not from the shards."""
+    records, golden = trajectory_records(run.dir), trajectory(run.golden)
+    problems: dict[str, str] = {}
+    checked: set[str] = set()
+    for ex in run.records(Exited):
+        # as of this launch's end: a later launch may train a step again under another config
+        ours = {r["step"]: r for r in records if r.get("attempt", 0) <= ex.launch}
+        sizes = {c["name"]: c.get("world_size") for c in run.events
+                 if c["event"] == "committed" and c.get("attempt", 0) <= ex.launch}
+        for name, facts in (ex.snapshot.get("manifests") or {}).items():
+            if name in problems:
+                continue
+            checked.add(name)
+            missing = [k for k in ("tokens_seen", "world_size") if k not in facts]
+            step = facts.get("step")
+            record = ours.get(step) or golden.get(step)
+            tokens = 0 if step == 0 else record.get("tokens_seen") if record else None
+            said = []
+            if missing:
+                said.append(f"lacks {' and '.join(missing)}")
+            if "tokens_seen" in facts and tokens is not None and facts["tokens_seen"] != tokens:
+                said.append(f"says tokens_seen = {facts['tokens_seen']}, but step {step} of the trajectory had seen "
+                            f"{tokens}")
+            if "world_size" in facts and sizes.get(name) is not None and facts["world_size"] != sizes[name]:
+                said.append(f"says world_size = {facts['world_size']}, but the launch that committed it ran "
+                            f"{sizes[name]} rank(s)")
+            if said:
+                problems[name] = f"{name}'s manifest (at launch {ex.launch}'s end) " + "; ".join(said)
+    for name, detail in problems.items():
+        report.add("manifest_facts", False, at=name, detail=detail)
+    if checked and not problems:
+        report.add("manifest_facts", True, f"the manifests of {len(checked)} checkpoint(s) give the tokens seen "
+                   f"and the world size the run had")
+
+
 def _remote_tier(run: Run, report: Report) -> None:
     """With a remote tier: every checkpoint the remote side calls durable is complete (the harness
     downloads and hashes each object), a restore only ever takes such a checkpoint, and the
@@ -885,6 +924,7 @@ CHECKS: tuple[CheckSpec, ...] = (
                                                                for f in s.faults), _crash_states),
     CheckSpec("committed_survives", resumed, _crash_states),
     CheckSpec("committed_valid", _always, _committed_valid),
+    CheckSpec("manifest_facts", reference_family, _manifest_facts),
     CheckSpec("remote_durable_complete", _remote, _remote_tier),
     CheckSpec("restored_durable", _restores, _remote_tier),
     CheckSpec("restored_in_place", _restores, _remote_tier),

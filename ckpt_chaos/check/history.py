@@ -305,11 +305,16 @@ def of(records: list[Record], cls: type[R], launch: int | None = None) -> list[R
     return [r for r in records if isinstance(r, cls) and (launch is None or getattr(r, "launch", None) == launch)]
 
 
+# The facts of the reference layout's manifest that describe the training a checkpoint holds (besides
+# its files): `ckpt-chaos ckpts` lists them, and a tool choosing a checkpoint reads them.
+MANIFEST_FACTS = ("step", "micro", "tokens_seen", "world_size")
+
+
 def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:
     """What a resume would find in a checkpoint directory right now, validated independently of the
     trainer's own choice: each checkpoint and why it is invalid (None: valid), `latest`, strays, and
     what was kept aside in ``rejected/`` with the reason noted beside it (None: no note)."""
-    from ckpt_chaos.probe.layout import LATEST, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, validate
+    from ckpt_chaos.probe.layout import LATEST, MANIFEST, TMP_PREFIX, TRASH_PREFIX, list_checkpoints, validate
 
     root = Path(root)
     if not root.is_dir():
@@ -322,11 +327,18 @@ def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:
     strays = sorted(p.name for p in root.iterdir()
                     if p.name.startswith((TMP_PREFIX, TRASH_PREFIX)) or (p.name.startswith(".") and p.is_dir()))
     valid = [n for n, reason in ckpts.items() if reason is None]
+    facts = {}  # what each valid checkpoint's manifest says of the training it holds
+    for n in valid:
+        try:
+            m = json.loads((root / n / MANIFEST).read_text())
+        except (OSError, ValueError):
+            continue
+        facts[n] = {k: m[k] for k in MANIFEST_FACTS if k in m} if isinstance(m, dict) else {}
     # the bytes of each file a save in progress has on disk: where a fault landed in its write
     writing = {f"{d}/{f.name}": f.stat().st_size for d in strays if d.startswith(TMP_PREFIX)
                for f in sorted((root / d).iterdir()) if f.is_file()}
-    return {"checkpoints": ckpts, "latest": latest, "strays": strays,
-            "newest_valid": valid[0] if valid else None, "writing": writing, "rejected": kept_aside(root)}
+    return {"checkpoints": ckpts, "latest": latest, "strays": strays, "newest_valid": valid[0] if valid else None,
+            "writing": writing, "rejected": kept_aside(root), "manifests": facts}
 
 
 def kept_aside(root: Path) -> dict[str, str | None]:
