@@ -14,7 +14,9 @@ test command (``cosmic-ray exec``); this script is the layer around it:
 2. Golden runs come from the unmutated trainer: ``$CKPT_CHAOS_GOLDEN_TREE`` keys them by this
    repository's code (``config.golden_tree``), and a mutant never makes one.
 3. A mutant runs only the baseline's scenarios whose coverage reaches its line, cheapest first,
-   and stops at the first that fails (``ckpt-chaos run -x``). The coverage comes from one
+   and stops at the first that fails (``ckpt-chaos run -x``); a scenario that killed the same change
+   of the same file in the last results of these operators runs first (``killers``), so a kill is
+   confirmed in one scenario instead of found again down the list. The coverage comes from one
    ``ckpt-chaos run --coverage`` of the pristine tree (``--coverage-from``, or made here), which
    is also the baseline: a scenario that does not pass there is never used against a mutant. A
    mutant on a line no scenario reaches survives without a run ("not reached").
@@ -332,6 +334,37 @@ def changed_lines(diff: str) -> tuple[str, str]:
     return " ".join(old), " ".join(new)
 
 
+def _change(old: str, new: str) -> tuple[str, str]:
+    """The removed and the added lines between two texts, as ``changed_lines`` reads them off a diff."""
+    a, b = old.split("\n"), new.split("\n")
+    gone, came = [], []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b).get_opcodes():
+        if tag != "equal":
+            gone += [l.strip() for l in a[i1:i2] if l.strip()]
+            came += [l.strip() for l in b[j1:j2] if l.strip()]
+    return " ".join(gone), " ".join(came)
+
+
+def killers(results: Path) -> list[list[str]]:
+    """[file, removed, added, scenario] of each mutant the last results at ``results`` say was killed:
+    the scenario to try first on the same change (line numbers move; the change's text does not).
+    Only an order: the kill is run again and must fail again to count."""
+    if not results.is_file():
+        return []
+    try:
+        mutants = json.loads(results.read_text()).get("mutants", [])
+    except (OSError, ValueError):
+        return []
+    return [[m["file"], *changed_lines(m["diff"]), m["scenario"]] for m in mutants
+            if m.get("status") == "killed" and m.get("scenario") and m.get("diff")]
+
+
+def killer_first(names: list[str], known: list[list[str]], file: str, change: tuple[str, str]) -> list[str]:
+    """``names`` with the scenario that last killed this change of ``file`` first, if it is among them."""
+    first = next((k[3] for k in known if k[0] == file and tuple(k[1:3]) == change), None)
+    return [first] + [n for n in names if n != first] if first in names else names
+
+
 ANNOTATION_REASON = ("in a function's annotation, which `from __future__ import annotations` keeps as a string "
                      "that nothing evaluates (found by the driver, not kept in the list)")
 
@@ -551,6 +584,8 @@ def run_mutant(state: dict) -> dict:
     names = select(state["base"], file, lines)
     if not names:
         return {"status": "survived", "detail": NOT_REACHED, "lines": lines}
+    names = killer_first(names, state.get("killers", []), file,
+                         _change((Path(state["pristine"]) / file).read_text(), Path(file).read_text()))
     reports = Path(state["work"]) / "runs"
     timeout = sum(state["deadlines"].get(n, 300.0) + SLACK_S for n in names)
     cmd = [_tool("ckpt-chaos"), "run", "-x", "--plots", "none", "--golden-dir", state["golden"],
@@ -910,7 +945,8 @@ def cmd_run(args: argparse.Namespace) -> int:
              "deadlines": _deadlines(aim["scenarios"]), "keep_runs": args.keep_runs,
              "scenarios": str(ROOT / aim["scenarios"]) if aim["scenarios"] else None,
              "golden_tree": str(Path(args.golden_tree).resolve()) if args.golden_tree else None,
-             "run_args": run_args(args)}
+             "run_args": run_args(args),
+             "killers": killers(Path(args.results) / f"{results_name(args.operators, args.example)}.json")}
     (work / "state.json").write_text(json.dumps(state))
     # only a backstop: the test command stops the harness first (see run_mutant)
     backstop = sum(state["deadlines"].get(n, 300.0) + SLACK_S for n in base["walls"]) + 2 * SLACK_S

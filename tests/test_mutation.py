@@ -138,6 +138,31 @@ def test_a_mutant_meets_the_passing_scenarios_that_reach_its_line_cheapest_first
     assert mutation.select(base, "reference_trainer/state.py", [10]) == []
 
 
+def test_the_scenario_that_last_killed_a_change_runs_first_and_only_for_that_change(tmp_path):
+    """The last results name the scenario that killed each change; a new run of the same change (its
+    line moved by an edit above it) tries that one first, and still has to fail it to be killed."""
+    import difflib
+
+    pristine = "def f(fd):\n    x = 1\n    os.fsync(fd)\n    return x\n"
+    mutated = pristine.replace("    os.fsync(fd)\n", "    try:\n        os.fsync(fd)\n    except Exception:\n        pass\n")
+    diff = "\n".join(difflib.unified_diff(pristine.split("\n"), mutated.split("\n"), f"a/{CKPT}", f"b/{CKPT}", n=1,
+                                          lineterm=""))
+    results = tmp_path / "mutation-checkpoint.json"
+    results.write_text(json.dumps({"mutants": [
+        {"file": CKPT, "status": "killed", "scenario": "errno-eio-on-each-commit-fsync", "diff": diff},
+        {"file": CKPT, "status": "survived", "diff": diff.replace("fsync", "flush")}]}))
+    known = mutation.killers(results)
+    change = mutation._change("# a line above\n" + pristine, "# a line above\n" + mutated)
+    assert known == [[CKPT, *change, "errno-eio-on-each-commit-fsync"]]
+    names = ["quick", "errno-eio-on-each-commit-fsync", "slow"]
+    assert mutation.killer_first(names, known, CKPT, change) == ["errno-eio-on-each-commit-fsync", "quick", "slow"]
+    assert mutation.killer_first(names, known, "reference_trainer/train.py", change) == names  # another file
+    assert mutation.killer_first(names[::2], known, CKPT, change) == names[::2]  # it no longer reaches the line
+    other = mutation._change(pristine, pristine.replace("x = 1", "x = 2"))
+    assert mutation.killer_first(names, known, CKPT, other) == names
+    assert mutation.killers(tmp_path / "none.json") == []
+
+
 def test_coverage_without_contexts_or_results_is_refused_with_the_fix(tmp_path):
     suite = _suite(tmp_path)
     (suite / "coverage" / "coverage.json").write_text(json.dumps({"files": {f"/x/{CKPT}": {}}}))
