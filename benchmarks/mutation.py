@@ -335,14 +335,8 @@ def changed_lines(diff: str) -> tuple[str, str]:
 
 
 def _change(old: str, new: str) -> tuple[str, str]:
-    """The removed and the added lines between two texts, as ``changed_lines`` reads them off a diff."""
-    a, b = old.split("\n"), new.split("\n")
-    gone, came = [], []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b).get_opcodes():
-        if tag != "equal":
-            gone += [l.strip() for l in a[i1:i2] if l.strip()]
-            came += [l.strip() for l in b[j1:j2] if l.strip()]
-    return " ".join(gone), " ".join(came)
+    """The removed and the added lines between two texts, read off their diff as a mutant's are."""
+    return changed_lines("\n".join(difflib.unified_diff(old.split("\n"), new.split("\n"), lineterm="")))
 
 
 def killers(results: Path) -> list[list[str]]:

@@ -307,7 +307,7 @@ def of(records: list[Record], cls: type[R], launch: int | None = None) -> list[R
 
 # The facts of the reference layout's manifest that describe the training a checkpoint holds (besides
 # its files): `ckpt-chaos ckpts` lists them, and a tool choosing a checkpoint reads them.
-MANIFEST_FACTS = ("step", "micro", "tokens_seen", "world_size")
+MANIFEST_FACTS = ("step", "tokens_seen", "world_size")
 
 
 def snapshot_checkpoints(root: Path, verify_checksums: bool = True) -> dict:
