@@ -420,6 +420,8 @@ class Uploader:
         probe.point("upload.begin", name=name, files=len(manifest["files"]), bytes=total)
         error = ""
         for attempt in range(1, retries + 1):
+            if attempt > 1:  # when the backoff ended: the failed attempt's own length is no evidence of it
+                self.log("upload_attempt", name=name, upload_attempt=attempt)
             try:
                 self._put_all(name, path, manifest)
                 probe.point("upload.verify", name=name)
