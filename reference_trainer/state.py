@@ -5,7 +5,8 @@ A complete checkpoint is one DCP state dict:
 * ``model``, ``optim``: FSDP2 sharded state through ``get_state_dict`` (reshardable);
 * ``grads``: the accumulated sharded gradients, only for a checkpoint taken in the middle of a
   gradient-accumulation cycle (an emergency save lands on any micro-batch boundary);
-* ``meta``: the same on every rank: progress counters, LR scheduler, config;
+* ``meta``: the same on every rank: progress counters, LR scheduler (the config is the manifest's,
+  which a resume compares with its own before loading anything);
 * ``rank<r>``: one per rank: every RNG stream and the data-loader state.
 
 Per-rank parts are keyed by rank because DCP keeps one copy of a non-tensor value per key.
@@ -143,7 +144,7 @@ def rank_state(ts: TrainState) -> dict:
 
 
 def meta_state(ts: TrainState) -> dict:
-    return {"progress": asdict(ts.progress), "scheduler": ts.scheduler.state_dict(), "config": ts.cfg.to_dict()}
+    return {"progress": asdict(ts.progress), "scheduler": ts.scheduler.state_dict()}
 
 
 def checkpoint_state(ts: TrainState) -> dict:
