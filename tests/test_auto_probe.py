@@ -288,3 +288,42 @@ def test_a_native_write_that_failed_unseen_is_short_of_the_golden_runs_file(tmp_
     assert done["ckpt/py.bin"]["failed"] and "short" not in done["ckpt/py.bin"]  # its golden file was 6500 too
     assert not any(i.get("short") for p, i in done.items() if p != "ckpt/optim.f32")
 
+
+
+SIZES_ON_DISK = r"""
+import json, os, sys
+out = []
+for d in sys.argv[1:]:  # the watched folder, then one the layer leaves alone: the same writes
+    sizes = []
+    with open(os.path.join(d, "state.json"), "w") as f:
+        for i in range(40):  # json.dump's pieces: many small writes, then a long string
+            f.write(json.dumps({"k%d" % i: "v" * (97 * i % 1500)}))
+            sizes.append(os.fstat(f.fileno()).st_size)
+        f.write("x" * 20000)
+        sizes.append(os.fstat(f.fileno()).st_size)
+    with open(os.path.join(d, "blob.bin"), "wb") as f:
+        for n in (3000, 3000, 3000, 9000, 100):
+            f.write(b"b" * n)
+            sizes.append(os.fstat(f.fileno()).st_size)
+    out.append(sizes)
+print(json.dumps(out))
+"""
+
+
+def test_a_watched_file_reaches_the_disk_in_the_writes_it_would_without_the_layer(tmp_path):
+    """The layer counts a trainer's bytes but keeps Python's buffer: a write(2) that fails (a full
+    disk, EIO) fails in the statement it would fail in unwatched, json.dump rather than the flush."""
+    watched, plain = tmp_path / "ckpt", tmp_path / "elsewhere"
+    watched.mkdir()
+    plain.mkdir()
+    rec = Recorder()
+    with ProbeServer(rec) as server:
+        env = {**os.environ, "RANK": "0", **auto.environment(server.address, tmp_path, [watched], pythonpath=str(REPO))}
+        out = subprocess.run([sys.executable, "-c", SIZES_ON_DISK, str(watched), str(plain)], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    in_watched, in_plain = json.loads(out.stdout)
+    assert in_watched == in_plain
+    assert 0 < in_plain[39] < in_plain[40]  # the buffer filled and went to disk before the end
+    done = {e["info"]["path"]: e["info"]["bytes"] for e in rec.points("file.done")}
+    assert done == {"ckpt/state.json": in_plain[40], "ckpt/blob.bin": 18100}, done
