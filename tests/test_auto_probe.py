@@ -305,6 +305,8 @@ for d in sys.argv[1:]:  # the watched folder, then one the layer leaves alone: t
         for n in (3000, 3000, 3000, 9000, 100):
             f.write(b"b" * n)
             sizes.append(os.fstat(f.fileno()).st_size)
+    with open(os.path.join(d, "one.bin"), "wb") as f:  # serialized first, then written in one call
+        f.write(b"o" * 20000)
     out.append(sizes)
 print(json.dumps(out))
 """
@@ -326,4 +328,10 @@ def test_a_watched_file_reaches_the_disk_in_the_writes_it_would_without_the_laye
     assert in_watched == in_plain
     assert 0 < in_plain[39] < in_plain[40]  # the buffer filled and went to disk before the end
     done = {e["info"]["path"]: e["info"]["bytes"] for e in rec.points("file.done")}
-    assert done == {"ckpt/state.json": in_plain[40], "ckpt/blob.bin": 18100}, done
+    assert done == {"ckpt/state.json": in_plain[40], "ckpt/blob.bin": 18100, "ckpt/one.bin": 20000}, done
+    # with no plan, a file is cut in tenths only where one call wrote it: not at the buffer's first fill
+    tenths = {}
+    for e in rec.points("file.write"):
+        if "fraction" in e["info"]:
+            tenths.setdefault(e["info"]["path"], []).append(e["info"]["fraction"])
+    assert tenths == {"ckpt/one.bin": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}, tenths

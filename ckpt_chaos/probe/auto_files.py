@@ -34,9 +34,12 @@ class _Watched(io.RawIOBase):
     write that failed raises past ``close``, which cannot tell; a file closed with fewer bytes than
     the same file in the golden run (``follow.Follower.match``) is reported ``short``."""
 
-    def __init__(self, raw, rel: str, via: str):
+    def __init__(self, raw, rel: str, via: str, whole_from: int | None = WHOLE):
         super().__init__()
         self._raw, self.rel, self.via = raw, rel, via
+        # a first write of at least this many bytes is the trainer's one call that wrote the file;
+        # None: no write tells (text comes in chunks of any size that TextIOWrapper gathers)
+        self._whole_from = whole_from
         self.written = 0
         self.failed = None  # the error a write met: the file is torn, whoever closes it
         # its size and names in the golden run, where the file it is there is known (a temporary name
@@ -96,7 +99,7 @@ class _Watched(io.RawIOBase):
     def write(self, b) -> int:
         view = memoryview(b).cast("B")
         total, pos = len(view), 0
-        if self.planned is None and self.written == 0 and total >= WHOLE:
+        if self.planned is None and self.written == 0 and self._whole_from and total >= self._whole_from:
             # A file written in one call (a buffer serialized first, as Lightning does) is that call:
             # its tenths are the file's, whatever the file's name (a random temporary one) was in the plan.
             self.planned = total
@@ -166,12 +169,14 @@ def _open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None
         return f
     binary = "b" in mode
     raw = _orig["io.open"](file, mode if binary else mode + "b", 0, None, None, None, closefd, opener)
-    stream = _Watched(raw, rel, "open")
     if binary and buffering == 0:
-        return stream
+        return _Watched(raw, rel, "open")
     # The buffer io.open would have given it, so the trainer's write(2)s come when they would
     # without the harness (a failing write surfaces in the same statement: json.dump, not flush).
-    buffered = io.BufferedWriter(stream, buffer_size=native_buffer_size(raw) if buffering in (-1, 1) else buffering)
+    size = native_buffer_size(raw) if buffering in (-1, 1) else buffering
+    # a first write no longer than the buffer may be its first fill of many small writes
+    stream = _Watched(raw, rel, "open", max(WHOLE, size + 1) if binary else None)
+    buffered = io.BufferedWriter(stream, buffer_size=size)
     if binary:
         return buffered
     return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, newline=newline,
