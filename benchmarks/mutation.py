@@ -76,6 +76,10 @@ from typing import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# ... and so does every ckpt-chaos it starts: in a worktree of another commit (a run resumed where
+# it began) the installed entry point would import the editable install's harness instead.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    dict.fromkeys([str(Path(__file__).resolve().parent.parent), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
 
 from ckpt_chaos.report.trainer_coverage import CHECKPOINT_PATH  # noqa: E402
 
@@ -857,6 +861,7 @@ def resume(args: argparse.Namespace) -> int:
 
     run = json.loads((work / "run.json").read_text())
     unchanged_since(work, run)
+    moved(work)
     equivalent, pending = load_equivalent(), 0
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
         for item in list(db.pending_work_items):  # marked equivalent since: not worth a run
@@ -876,6 +881,30 @@ def resume(args: argparse.Namespace) -> int:
     return _report(work / "session.sqlite", run["command"], run["extra"], Path(args.results))
 
 
+def moved(work: Path) -> None:
+    """A run resumed from another checkout of the same code (a worktree of the commit it began at):
+    its mutants are compared with, and their golden runs keyed by, this checkout, and cosmic-ray's
+    test command is this script."""
+    state = json.loads((work / "state.json").read_text())
+    old = Path(state["pristine"])
+    if old == ROOT:
+        return
+    state["pristine"] = str(ROOT)
+    if state.get("scenarios"):
+        state["scenarios"] = str(ROOT / Path(state["scenarios"]).relative_to(old))
+    (work / "state.json").write_text(json.dumps(state))
+    config = work / "cosmic-ray.toml"
+    config.write_text(config.read_text().replace(str(old / "benchmarks" / "mutation.py"), str(Path(__file__).resolve())))
+
+
+def _commit() -> str | None:
+    """The commit the checkout is at, where the trainer and the harness are as committed."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *FINGERPRINTED], cwd=ROOT, capture_output=True,
+                           text=True)
+    return head.stdout.strip() or None if head.returncode == 0 and not dirty.stdout.strip() else None
+
+
 def unchanged_since(work: Path, run: dict) -> None:
     """A resumed run's verdicts must all be of one tree: the trainer, the harness and the scenarios
     (their fingerprint) as they were when the run began, or the pending mutants would run against
@@ -886,9 +915,13 @@ def unchanged_since(work: Path, run: dict) -> None:
     state = json.loads((work / "state.json").read_text())
     aim = target(run["extra"]["sample"].get("example"))
     if fingerprint(state["base"], state["files"], fingerprinted=aim["fingerprinted"]) != began:
+        commit = run["extra"].get("commit")
+        where = (f"go on in a worktree of the commit it began at: git worktree add ../at-{commit[:7]} {commit} && "
+                 f"cd ../at-{commit[:7]} && python benchmarks/mutation.py {' '.join(run['extra'].get('flags', []))} "
+                 f"--resume --work {work}" if commit else "check out the commit it began at to go on (git log)")
         raise MutationError(f"--resume: {', '.join(aim['fingerprinted'])} changed since the run in {work} began, so "
-                            "its pending mutants would run against other code than its verdicts so far; check out "
-                            "the commit it began at to go on (git log), or start a new run without --resume")
+                            f"its pending mutants would run against other code than its verdicts so far; {where}; "
+                            "or start a new run without --resume")
 
 
 def _report(session: Path, command: str, extra: dict, results: Path) -> int:
@@ -962,7 +995,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     sample = {"limit": args.limit, "seed": args.seed, "files": files, "named": args.mutant,
               "operators": args.operators, **counts,
               **({"example": args.example, "scenarios": aim["scenarios"]} if args.example else {})}
+    flags = ["--operators", args.operators] + (["--example", args.example] if args.example else [])
     run = {"command": command, "extra": {"sample": sample, "exec_wall_s": 0.0, "baseline": str(suite),
+                                         "commit": _commit(), "flags": flags,
                                          "cache": {"dir": None if cache is None else str(cache),
                                                    "fingerprint": print_}}}
     _timed_exec(work, run, lambda: _exec(cosmic, config, session, tree, work / "mutants.log", args.budget,

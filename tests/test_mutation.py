@@ -525,3 +525,24 @@ def test_a_run_is_resumed_only_with_the_code_it_began_with(tmp_path):
     run["extra"]["cache"]["fingerprint"] = "0" * 64  # as if a scenario or the trainer had changed since
     with pytest.raises(mutation.MutationError, match="--resume: reference_trainer, ckpt_chaos changed since"):
         mutation.unchanged_since(tmp_path, run)
+
+
+def test_a_run_that_outlived_its_code_says_how_to_go_on_at_its_commit_and_goes_on_there(tmp_path):
+    files = ["reference_trainer/checkpoint.py"]
+    base = {"reached": {"reference_trainer/checkpoint.py": {"10": ["quick"]}}}
+    elsewhere = tmp_path / "at-1234567"
+    (tmp_path / "state.json").write_text(json.dumps({"base": base, "files": files, "pristine": str(elsewhere),
+                                                     "scenarios": str(elsewhere / "examples/x/scenarios")}))
+    (tmp_path / "cosmic-ray.toml").write_text(f'test-command = "python {elsewhere}/benchmarks/mutation.py test"\n')
+    run = {"extra": {"sample": {"files": files}, "commit": "1234567" + "0" * 33, "flags": ["--operators", "checkpoint"],
+                     "cache": {"dir": None, "fingerprint": "0" * 64}}}
+    with pytest.raises(mutation.MutationError) as e:
+        mutation.unchanged_since(tmp_path, run)
+    assert f"git worktree add ../at-1234567 {'1234567' + '0' * 33} && cd ../at-1234567 && python " \
+           f"benchmarks/mutation.py --operators checkpoint --resume --work {tmp_path}" in str(e.value)
+    # resumed in that worktree: the mutants are compared with it, and cosmic-ray runs its script
+    mutation.moved(tmp_path)
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["pristine"] == str(mutation.ROOT)
+    assert state["scenarios"] == str(mutation.ROOT / "examples/x/scenarios")
+    assert f"python {mutation.ROOT}/benchmarks/mutation.py test" in (tmp_path / "cosmic-ray.toml").read_text()
