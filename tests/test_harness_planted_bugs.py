@@ -263,7 +263,9 @@ def test_a_restore_that_trusts_what_it_downloaded_is_caught(tmp_path, golden_roo
     assert r.verdict == "fail"
     bad = failed(r)
     assert "step_00000008 was corrupted on the remote tier (__1_0.distcp: 8 bits flipped" in bad["fault_0_detected"]
-    assert "it resumed from step_00000008" in bad["fault_0_detected"]
+    # what the unverified bytes then do depends on where the flip lands in the shard's layout: loaded
+    # silently into a tensor, or a crash in torch.load's zip records; unrejected either way
+    assert "but launch 1 did not reject it" in bad["fault_0_detected"]
     assert "launch 1 restored step_00000008 from the remote tier, which was" in bad["restored_durable@1"]
 
 

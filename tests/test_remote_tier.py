@@ -171,9 +171,10 @@ def test_the_uploaders_retries_keep_the_launch_attempt_of_their_events(tmp_path)
     manifest = {"format": 1, "files": {".metadata": {"size": 1, "sha256": "x"}}}
     assert up._upload("step_00000002", tmp_path, manifest, retries=3, backoff=0.0, started=0.0) is False
     events = [json.loads(line) for line in up.events.getvalue().splitlines()]
-    assert [e["event"] for e in events] == ["upload_retry"] * 3 + ["upload_failed"]
+    assert [e["event"] for e in events] == ["upload_retry", "upload_attempt", "upload_retry", "upload_attempt",
+                                            "upload_retry", "upload_failed"]
     assert {e["attempt"] for e in events} == {0}
-    assert [e["upload_attempt"] for e in events[:3]] == [1, 2, 3]
+    assert [e["upload_attempt"] for e in events[:5]] == [1, 2, 2, 3, 3]
 
 
 
