@@ -588,7 +588,8 @@ def mutation_md(d: dict) -> str:
             # a baseline of named scenarios is mutation.baseline_scenarios(); one of a suite, the default suite
             + ("scenarios of the default and mutation suites" if "/custom/" in d.get("baseline", "")
                else "default-suite scenarios") + " that reach its line")
-    out = (f"`{d['command']}` ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): {made_by} "
+    at = f" at {d['commit'][:7]}" if d.get("commit") else ""
+    out = (f"`{d['command']}`{at} ({d['machine']['cpus']} CPUs, Python {d['machine']['python']}): {made_by} "
            f"{what}, cheapest first, to the first failure. Mutants: "
            + (f"those named ({len(s['named'])})" if s.get("named") else
               f"a sample of {s['limit']} (seed {s['seed']})" if s["limit"] else "all")
