@@ -75,15 +75,16 @@ from functools import cache
 from typing import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+# This script judges with the harness of its own checkout ...
+sys.path.insert(0, str(ROOT))
 # ... and so does every ckpt-chaos it starts: in a worktree of another commit (a run resumed where
 # it began) the installed entry point would import the editable install's harness instead.
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    dict.fromkeys([str(Path(__file__).resolve().parent.parent), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    dict.fromkeys([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
 
 from ckpt_chaos.report.trainer_coverage import CHECKPOINT_PATH  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 EQUIVALENT = ROOT / "benchmarks" / "mutation-equivalent.toml"
 WORK = ROOT / "build" / "mutation"
@@ -897,10 +898,10 @@ def moved(work: Path) -> None:
     config.write_text(config.read_text().replace(str(old / "benchmarks" / "mutation.py"), str(Path(__file__).resolve())))
 
 
-def _commit() -> str | None:
-    """The commit the checkout is at, where the trainer and the harness are as committed."""
+def _commit(fingerprinted: tuple[str, ...]) -> str | None:
+    """The commit the checkout is at, where what the verdicts depend on (``fingerprinted``) is as committed."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", *FINGERPRINTED], cwd=ROOT, capture_output=True,
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *fingerprinted], cwd=ROOT, capture_output=True,
                            text=True)
     return head.stdout.strip() or None if head.returncode == 0 and not dirty.stdout.strip() else None
 
@@ -997,7 +998,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               **({"example": args.example, "scenarios": aim["scenarios"]} if args.example else {})}
     flags = ["--operators", args.operators] + (["--example", args.example] if args.example else [])
     run = {"command": command, "extra": {"sample": sample, "exec_wall_s": 0.0, "baseline": str(suite),
-                                         "commit": _commit(), "flags": flags,
+                                         "commit": _commit(aim["fingerprinted"]), "flags": flags,
                                          "cache": {"dir": None if cache is None else str(cache),
                                                    "fingerprint": print_}}}
     _timed_exec(work, run, lambda: _exec(cosmic, config, session, tree, work / "mutants.log", args.budget,
