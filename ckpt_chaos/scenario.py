@@ -15,6 +15,7 @@ from ckpt_chaos.env.storage import FAULTFS_POINTS
 from ckpt_chaos.faults.registry import KINDS, Invalid
 from ckpt_chaos.faults.targets import target_ranks
 from ckpt_chaos.probe import auto
+from ckpt_chaos.profile import TrainerProfile, profile_of
 from ckpt_chaos.scenario_model import (AUTO_POINTS, BACKENDS, CHOICE_NAMES, EXTERNAL_POINTS, FAMILIES, FAULT_KINDS,
                                        FULL_SUITE, GENERIC_KEYS, PATH_POINTS, PLACEHOLDERS, CHANGE_PLACEHOLDERS, Cluster,
                                        Command, Expect, Fault, Recovery, Remote, Scenario, Storage, Trigger)
@@ -254,31 +255,30 @@ def validate(s: Scenario) -> None:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
     _check_changes(s)
-    if s.command is None and (s.trainer_module == "reference_trainer" or s.trainer_module.startswith("tests.planted.")):
-        _check_trainer_table(src, "trainer", s.trainer, s)
+    profile = profile_of(s)
+    if profile is not None:
+        _check_trainer_table(src, "trainer", s.trainer, s, profile)
         for i, change in enumerate(s.recovery.changes):
-            _check_trainer_table(src, f"recovery.changes[{i}]", {**s.trainer, **change}, s, change)
+            _check_trainer_table(src, f"recovery.changes[{i}]", {**s.trainer, **change}, s, profile, change)
 
 
-def _check_trainer_table(src: str, key: str, table: dict[str, Any], s: Scenario,
+def _check_trainer_table(src: str, key: str, table: dict[str, Any], s: Scenario, profile: TrainerProfile,
                          shown: dict[str, Any] | None = None) -> None:
-    """``table`` is a valid reference-trainer configuration at every world size the scenario uses;
-    errors name ``key`` and the keys of ``shown`` (the table as written)."""
-    from reference_trainer.config import ConfigError, TrainConfig
-
-    defaults = TrainConfig().to_dict()
+    """``table`` is a valid configuration of the trainer (as its profile declares) at every world size the
+    scenario uses; errors name ``key`` and the keys of ``shown`` (the table as written)."""
+    defaults = profile.defaults
     for k, v in (table if shown is None else shown).items():
         if k not in defaults:
-            raise _error(src, f"{key}.{k}", "not a TrainConfig field", "see reference_trainer/config.py for the fields")
-        if k == "run_dir":
-            raise _error(src, f"{key}.run_dir", "set by the harness", "remove it")
+            raise _error(src, f"{key}.{k}", f"not a field of {s.trainer_module}'s configuration",
+                         f"use one of its fields: {', '.join(sorted(defaults))}")
+        if k in profile.reserved:
+            raise _error(src, f"{key}.{k}", profile.reserved[k], "remove it")
         want = type(defaults[k])
         _check_value(src, f"{key}.{k}", v, want if want in (int, float, bool, str) else Any)
     try:
-        cfg = TrainConfig(**table)
         for world in {s.world_size, s.resumed_world_size()}:
-            cfg.validate(world)
-    except (ConfigError, TypeError) as e:
+            profile.validate({**defaults, **table}, world)
+    except ValueError as e:
         raise _error(src, key, str(e), "fix the trainer table or the world sizes") from None
 
 

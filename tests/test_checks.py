@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ckpt_chaos.check.checks import Report
+from ckpt_chaos.check.verdict import Report
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, Healed, History, HistoryError,
                                       LaunchStarted, ProbeEvent, RankExited, Reaped, TornDown, of, read_history)
 
@@ -214,7 +214,8 @@ def test_reported_timings_fail_a_save_without_a_phase_every_golden_save_of_its_k
 
 
 def test_lost_work_allows_the_interval_an_async_save_was_still_writing_and_no_more(tmp_path):
-    from ckpt_chaos.check.checks import Report, Run, _lost_work
+    from ckpt_chaos.check.resume import lost_work as _lost_work
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.scenario import Scenario
 
     def verdict(reached: int, async_save: bool) -> tuple[str, str]:
@@ -238,7 +239,8 @@ def test_lost_work_allows_the_interval_an_async_save_was_still_writing_and_no_mo
 
 
 def test_restored_durable_fails_a_restore_that_misreports_the_bytes_it_fetched(tmp_path):
-    from ckpt_chaos.check.checks import Report, Run, _remote_tier
+    from ckpt_chaos.check.remote import remote_tier as _remote_tier
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.scenario import Remote, Scenario
 
     def verdict(reported) -> tuple[str, str]:
@@ -262,7 +264,8 @@ def test_restored_durable_fails_a_restore_that_misreports_the_bytes_it_fetched(t
 def test_restored_in_place_fails_a_restore_reported_whose_copy_is_not_in_the_folder(tmp_path):
     """The restore's rename into place failed and was swallowed: restored_from_remote was logged, and
     the launch then died reading the manifest of a folder that is not there."""
-    from ckpt_chaos.check.checks import Report, Run, _remote_tier
+    from ckpt_chaos.check.remote import remote_tier as _remote_tier
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.scenario import Remote, Scenario
 
     remote = {"checkpoints": {"step_00000004": None}, "partial": [], "newest_durable": "step_00000004",
@@ -289,7 +292,8 @@ def test_restored_in_place_fails_a_restore_reported_whose_copy_is_not_in_the_fol
 def test_uploaded_durable_fails_an_upload_reported_durable_that_the_remote_tier_does_not_hold(tmp_path):
     """The uploader logged step 4 uploaded, but its manifest's put had failed (a reset link) and was
     swallowed: the next view of the bucket shows no durable step 4 nor anything newer."""
-    from ckpt_chaos.check.checks import Report, Run, _remote_tier
+    from ckpt_chaos.check.remote import remote_tier as _remote_tier
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.scenario import Remote, Scenario
 
     def verdict(held: list[str], partial: list[str], claimed_at: float = 3.0) -> tuple[str, str]:
@@ -313,7 +317,8 @@ def test_uploaded_durable_fails_an_upload_reported_durable_that_the_remote_tier_
 
 
 def test_loaded_equals_saved_is_unknown_for_a_mid_step_checkpoint_without_a_gradient_digest(tmp_path):
-    from ckpt_chaos.check.checks import Report, Run, _loaded_equals_saved
+    from ckpt_chaos.check.resume import loaded_equals_saved as _loaded_equals_saved
+    from ckpt_chaos.check.verdict import Report, Run
 
     parts = {"model": "m", "optimizer": "o", "scheduler": "s", "counters": "c", "dataloader": "d", "rng": "r"}
 
@@ -335,7 +340,8 @@ def test_a_trigger_on_an_upload_the_uploader_skipped_is_unknown_not_unfired(tmp_
     """On a loaded machine the uploader falls two checkpoints behind and skips step 8 for step 10:
     no upload.durable of step 8 ever comes. That is the machine's timing, not the scenario's
     mistake nor the trainer's: unknown, naming the skip. Without the skip it stays a fail."""
-    from ckpt_chaos.check.checks import Run, _faults_fired
+    from ckpt_chaos.check.outcome import faults_fired as _faults_fired
+    from ckpt_chaos.check.verdict import Run
     from ckpt_chaos.config import builtin_scenarios
     from ckpt_chaos.scenario import load
 
@@ -354,7 +360,8 @@ def test_a_trigger_on_an_upload_the_uploader_skipped_is_unknown_not_unfired(tmp_
 def test_manifest_facts_fail_a_manifest_that_leaves_out_or_misstates_the_training_it_holds(tmp_path):
     """The manifest's tokens_seen must be the trajectory's at its step, its world_size that of the
     launch that committed it; one left out fails as a wrong one does. Read from each launch's end."""
-    from ckpt_chaos.check.checks import Run, _manifest_facts
+    from ckpt_chaos.check.commits import manifest_facts as _manifest_facts
+    from ckpt_chaos.check.verdict import Run
     from ckpt_chaos.config import builtin_scenarios
     from ckpt_chaos.scenario import load
 
@@ -386,7 +393,8 @@ def test_manifest_facts_fail_a_manifest_that_leaves_out_or_misstates_the_trainin
 
 
 def test_upload_retries_fails_an_upload_given_up_before_its_configured_attempts(tmp_path):
-    from ckpt_chaos.check.checks import Report, Run, _upload_retries
+    from ckpt_chaos.check.remote import upload_retries as _upload_retries
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.config import builtin_scenarios
     from ckpt_chaos.scenario import load
 
@@ -415,7 +423,8 @@ def test_upload_retries_fails_an_upload_given_up_before_its_configured_attempts(
 
 
 def test_upload_backoff_fails_a_wait_other_than_configured_or_shorter_than_reported(tmp_path):
-    from ckpt_chaos.check.checks import Report, Run, _upload_backoff
+    from ckpt_chaos.check.remote import upload_backoff as _upload_backoff
+    from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.config import builtin_scenarios
     from ckpt_chaos.scenario import load
 
@@ -445,7 +454,7 @@ def test_a_kill_mid_write_of_a_save_mid_accumulation_is_measured_by_the_plan_the
     """A save mid-accumulation also holds the partial gradients (about 1.3 times a step boundary's
     file here), so the golden run's files do not measure it; the trainer's planned size does, where
     its plans for the run's step-boundary saves of the file matched the golden run's."""
-    from ckpt_chaos.check.checks import _faults_landed
+    from ckpt_chaos.check.outcome import faults_landed as _faults_landed
     from ckpt_chaos.check.verdict import Run
     from ckpt_chaos.scenario_model import Fault, Scenario, Trigger
 

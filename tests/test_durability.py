@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_chaos.check.checks import Run
+from ckpt_chaos.check.verdict import Run
 from ckpt_chaos.check.durability import power_loss_summary
 from ckpt_chaos.check.history import Exited, FaultFired, History, LaunchStarted, read_history
 from ckpt_chaos.scenario import ScenarioError, load

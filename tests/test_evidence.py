@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_chaos.check import any_trainer
+from ckpt_chaos.check import judge
 from ckpt_chaos.check.evidence import Evidence
-from ckpt_chaos.check.checks import Run
+from ckpt_chaos.check.verdict import Run
 from ckpt_chaos.scenario import load
 from tests.helpers import REPO
 
@@ -88,7 +88,7 @@ def test_taking_out_evidence_never_turns_a_correct_run_into_a_fail(stored, tmp_p
     s = stored[0]
     run, gold = _copy(stored, tmp_path)
     REMOVALS[what](run, gold)
-    report = any_trainer.check_run(s, run, gold)
+    report = judge.check_run(s, run, gold)
     failed = {c.name: c.detail for c in report.checks if c.verdict == "fail"}
     assert not failed, f"without {what}: {failed}"
     unknown = [c for c in report.checks if c.verdict == "unknown"]
@@ -102,7 +102,7 @@ def test_a_resume_no_patch_saw_is_inferred_from_the_step_it_began_at(stored, tmp
     run, gold = _copy(stored, tmp_path)
     _no_points("load.begin", "load.end", "file.read")(run, gold)
     _remove("files.jsonl")(run, gold)
-    report = any_trainer.check_run(s, run, gold)
+    report = judge.check_run(s, run, gold)
     c = {c.name: c for c in report.checks}
     assert c["resumed_newest@1"].verdict == "pass", c["resumed_newest@1"].detail
     assert "inferred: it began at step 5 and checkpoints/step_00000004.pt holds step 4" in c["resumed_newest@1"].detail
@@ -119,7 +119,7 @@ def test_a_relaunch_that_reads_the_torn_file_is_named_with_how_much_was_missing(
             rec["info"]["path"] = "checkpoints/step_00000008.pt.tmp"
         return rec
     _rewrite(run / "history.jsonl", change=torn_read)
-    report = any_trainer.check_run(s, run, gold)
+    report = judge.check_run(s, run, gold)
     c = {c.name: c for c in report.checks}
     assert c["no_torn_read@1"].verdict == "fail"
     assert "checkpoints/step_00000008.pt.tmp: 11575 bytes written, never completed" in c["no_torn_read@1"].detail \
@@ -131,7 +131,7 @@ def test_one_source_of_resumed_from_for_every_check_and_the_report(stored, tmp_p
     s, run_dir, golden = stored
     run = Run.load(s, run_dir, golden)
     r = Evidence(run).resumed_from(1)
-    report = any_trainer.check_run(s, run_dir, golden)
+    report = judge.check_run(s, run_dir, golden)
     assert r.decided and r.checkpoint == "checkpoints/step_00000004.pt"
     assert report.resumed_from == [r.checkpoint]
     assert r.checkpoint in {c.name: c.detail for c in report.checks}["resumed_newest@1"]
@@ -145,7 +145,7 @@ def test_a_relaunch_whose_optimizer_counts_from_one_again_is_compared_from_its_c
     run, gold = _copy(stored, tmp_path)
     _rewrite(run / "trajectory.jsonl",
              change=lambda r: {**r, "step": r["step"] - 4} if r.get("attempt") == 1 else r)
-    report = any_trainer.check_run(s, run, gold)
+    report = judge.check_run(s, run, gold)
     c = {c.name: c for c in report.checks}
     assert c["job_completed"].verdict == "pass", c["job_completed"].detail
     assert c["lost_work@1"].detail.startswith("4 step(s) trained again"), c["lost_work@1"].detail
@@ -164,7 +164,7 @@ def test_a_checkpoints_step_is_taken_from_the_writers_own_times_not_the_recorder
              if r.get("launch") == 0 and "step_00000004" in r.get("path", "") else r)
     ev = Evidence(Run.load(s, run, gold))
     assert ev.saved_steps()["checkpoints/step_00000004.pt"] == 4, ev.saved_steps()
-    c = {c.name: c for c in any_trainer.check_run(s, run, gold).checks}
+    c = {c.name: c for c in judge.check_run(s, run, gold).checks}
     assert c["lost_work@1"].detail.startswith("4 step(s) trained again"), c["lost_work@1"].detail
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from ckpt_chaos.search.explore import (ERRNO_SITES, MAX_LAUNCHES, SAVE_POINTS, STEP_POINTS, TRAINER, Search, _deletion_order,
                              identity, tries, where)
-from ckpt_chaos.check.checks import Report
+from ckpt_chaos.check.verdict import Report
 from ckpt_chaos.run.runner import Result, run_scenario
 from ckpt_chaos.scenario import Fault, Trigger, from_dict, load
 from ckpt_chaos.search.schedule import DEFAULT_FAMILIES, rules

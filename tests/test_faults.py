@@ -338,7 +338,7 @@ def test_a_kill_waits_for_a_target_rank_that_has_not_reported_its_pid_yet(tmp_pa
 def test_a_fault_whose_target_never_reports_is_unknown_not_fired(tmp_path, monkeypatch):
     """A target that never reports its pid cannot be signalled: the record says so, and ``fault_fired``
     is unknown (the run holds nothing of the fault), with no exit check that could contradict it."""
-    from ckpt_chaos.check.checks import _fault_effects, _faults_fired
+    from ckpt_chaos.check.outcome import fault_effects as _fault_effects, faults_fired as _faults_fired
     from ckpt_chaos.check.history import Exited, FaultFired, of, read_history
     from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.faults import kind

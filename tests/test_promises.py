@@ -247,7 +247,9 @@ def test_a_command_trainer_that_declares_keep_last_keeps_exactly_its_newest_k(tm
     def verdict(*kept):
         exits = [Exited(t=6.5, launch=1, rc=0, snapshot=_snap(), complete={f"checkpoints/{k}": [1, 1] for k in kept})]
         report = Report()
-        command_retention(Run(s, tmp_path, tmp_path, exits, []), _Evidence(steps), report)
+        run = Run(s, tmp_path, tmp_path, exits, [])
+        run.evidence = _Evidence(steps)  # the files' evidence, as check/evidence.py would give it
+        command_retention(run, report)
         (c,) = report.checks
         return c.verdict, c.detail
 

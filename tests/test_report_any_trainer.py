@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_chaos import cli
-from ckpt_chaos.check import any_trainer
+from ckpt_chaos.check import trajectory
 from ckpt_chaos.check.history import step_loss
 from ckpt_chaos.report import results
 from ckpt_chaos.report.plots import plot_scenario, wanted
@@ -109,7 +109,7 @@ def test_a_step_loss_is_its_loss_or_the_sum_of_its_loss_hex():
     assert step_loss({"loss": 2.5, "loss_hex": _hex(9.0)}) == 2.5  # the reference trainer's
     assert step_loss({"loss_hex": _hex(3.0, 0.5)}) == 3.5  # the probe layer's: each backward's loss
     assert step_loss({"loss_hex": float.hex(0.1)}) == 0.1  # bit for bit
-    assert any_trainer._loss is step_loss  # the trajectory check reads it the same way
+    assert trajectory._loss is step_loss  # the trajectory check reads it the same way
 
 
 def test_a_command_run_gets_its_loss_plot_and_per_rank_timeline(tmp_path):

@@ -48,7 +48,7 @@ def test_a_valid_file_loads_and_round_trips_through_toml(tmp_path):
     (('target = "rank:1"', 'target = "somebody"'), "faults[0].target", "unknown target"),
     (("world_size = 2", 'world_size = "two"'), "world_size", "wrong type str"),
     (('point = "ckpt.shard.write"', 'point = "ckpt.shard.wrte"'), "faults[0].when.point", "unknown probe point"),
-    (("max_steps = 12", "max_step = 12"), "trainer.max_step", "not a TrainConfig field"),
+    (("max_steps = 12", "max_step = 12"), "trainer.max_step", "not a field of reference_trainer's configuration"),
     (("world_size = 2", "world_size = 3"), "trainer", "not divisible by world_size=3"),
     (("max_steps = 12", "max_steps = 12\n[expect]\ntrajectory = \"close\""), "expect.trajectory", "allowed: bit-exact, tolerance"),
 ])
@@ -61,7 +61,7 @@ RELAUNCH = "max_steps = 12\n[recovery]\nmax_restarts = 2\n"
 
 @pytest.mark.parametrize("edit,key,hint", [
     (RELAUNCH + "changes = [{ lr = 0.1 }, { lr = 0.2 }, { lr = 0.3 }]", "recovery.changes", "3 tables for 2 relaunch"),
-    (RELAUNCH + "changes = [{ learning_rate = 0.1 }]", "recovery.changes[0].learning_rate", "not a TrainConfig field"),
+    (RELAUNCH + "changes = [{ learning_rate = 0.1 }]", "recovery.changes[0].learning_rate", "not a field of reference_trainer's configuration"),
     (RELAUNCH + "changes = [{ lr = \"high\" }]", "recovery.changes[0].lr", "wrong type str"),
     (RELAUNCH + "changes = [{ run_dir = \"x\" }]", "recovery.changes[0].run_dir", "set by the harness"),
     (RELAUNCH + "changes = [{ global_batch = 15 }]", "recovery.changes[0]", "global_batch=15"),

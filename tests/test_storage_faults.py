@@ -609,7 +609,7 @@ def test_a_fault_whose_launch_another_fault_ended_first_is_unknown_not_unfired(t
     """Rank 0's power loss at the save ended the launch before rank 1 reached the same save's probe:
     the disk-full never fired, and the run cannot show whether it would have. Not the scenario's
     fault nor the trainer's: unknown, naming the fault that ended the launch."""
-    from ckpt_chaos.check.checks import _faults_fired
+    from ckpt_chaos.check.outcome import faults_fired as _faults_fired
     from ckpt_chaos.check.history import Exited, FaultFired
     from ckpt_chaos.check.verdict import Report, Run
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_chaos.check import coverage
-from ckpt_chaos.check.checks import CHECKS
+from ckpt_chaos.check.judge import COMMAND, REFERENCE
 from ckpt_chaos.check.verdict import Report
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.faults import KINDS
@@ -97,14 +97,23 @@ def test_the_declared_checks_include_the_checkers_and_the_kinds():
     assert coverage.kind_checks()["corrupt"] == {"fault_detected"}
 
 
-def test_the_checkers_declarations_are_the_checks_its_functions_make():
-    """Each check of ``CHECKS`` is made by the function declared with it, and the checker's
-    functions make no check that is not declared, so none goes without a rule for when it gives a
-    verdict (and so unexercised by the suites, unnoticed)."""
-    made = {c.run: _made_by(c.run) for c in CHECKS}
-    assert [c.name for c in CHECKS if c.name not in made[c.run]] == []
-    assert set().union(*made.values()) - {c.name for c in CHECKS} == set()
-    assert len({c.name for c in CHECKS}) == len(CHECKS)
+@pytest.mark.parametrize("table", [REFERENCE, COMMAND], ids=["reference", "command"])
+def test_the_checkers_declarations_are_the_checks_its_functions_make(table):
+    """Each check of a table is made by the function declared with it, and the judge's functions make no
+    check that neither table declares, so none goes without a rule for when it gives a verdict (and
+    so unexercised by the suites, unnoticed)."""
+    made = {c.run: _made_by(c.run) for c in table}
+    assert [c.name for c in table if c.name not in made[c.run]] == []
+    assert set().union(*made.values()) - {c.name for c in REFERENCE + COMMAND} == set()
+    assert len({c.name for c in table}) == len(table)
+
+
+def test_no_check_name_has_two_implementations():
+    """A name means one check: where both tables declare it, the same function makes it."""
+    ref, cmd = {c.name: c.run for c in REFERENCE}, {c.name: c.run for c in COMMAND}
+    assert {n: (ref[n].__qualname__, cmd[n].__qualname__) for n in set(ref) & set(cmd) if ref[n] is not cmd[n]} == {}
+    assert {"job_completed", "fault_job_failed", "trajectory", "committed_valid", "retention", "config_refused",
+            "config_accepted", "resume_from", "lost_work"} <= set(ref) & set(cmd)
 
 
 @pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))

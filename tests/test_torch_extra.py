@@ -146,8 +146,8 @@ def test_the_harness_imports_no_torch():
     """The CLI, runner, checks and reports import no torch at module level (a fresh interpreter)."""
     import subprocess
 
-    code = ("import sys, ckpt_chaos.cli, ckpt_chaos.run.runner, ckpt_chaos.run.parallel, ckpt_chaos.check.checks, "
-            "ckpt_chaos.check.any_trainer, ckpt_chaos.report.results, ckpt_chaos.pytest_plugin, ckpt_chaos.probe.auto; "
+    code = ("import sys, ckpt_chaos.cli, ckpt_chaos.run.runner, ckpt_chaos.run.parallel, ckpt_chaos.check.judge, "
+            "ckpt_chaos.report.results, ckpt_chaos.pytest_plugin, ckpt_chaos.probe.auto; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'torchdata', 'lightning', 'accelerate', 'transformers')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)

@@ -6,7 +6,7 @@ of running a job, and the full suite (every scenario) adds the variations. Cover
 statically, from the scenario files and what the code declares, without running anything:
 
 * families and kinds: the fault registry's (``ckpt_chaos/faults``);
-* checks: every check the checker declares (``CHECKS`` in ``ckpt_chaos/check/checks.py``) and the
+* checks: every check the checker declares (``REFERENCE`` and ``COMMAND`` in ``ckpt_chaos/check/judge.py``) and the
   checks of each fault kind's exit and effect checks (its ``coverage``), named as ``Report.add``
   names them (``fault_<name>`` for a check about one fault);
 * a scenario covers a check when the check gives it a real verdict, not n/a: each declaration
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ckpt_chaos.check.checks import CHECKS
+from ckpt_chaos.check.judge import COMMAND, REFERENCE, table
 from ckpt_chaos.check.expected import relaunched
 from ckpt_chaos.faults import KINDS, families
 from ckpt_chaos.probe.layout import FORMAT
 from ckpt_chaos.scenario import BACKENDS, Fault, Scenario
 
 Item = tuple[str, str]  # (axis, name): ("kind", "errno"), ("check", "fault_surfaced"), ("setup", "fs ext4")
-CHECKER = "check/checks.py"
+CHECKER = "check/judge.py"
 
 
 # ---- the checks -----------------------------------------------------------------------------------
@@ -41,9 +41,10 @@ def kind_checks() -> dict[str, frozenset[str]]:
     return {k.name: frozenset(k.coverage) for k in KINDS.values()}
 
 
-def emitted_checks() -> dict[str, list[str]]:
-    """Every check the code declares -> who declares it: the checker, or fault kinds."""
-    out: dict[str, list[str]] = {c.name: [CHECKER] for c in CHECKS}
+def emitted_checks(tables: Iterable[tuple] = (REFERENCE, COMMAND)) -> dict[str, list[str]]:
+    """Every check the code declares -> who declares it: the judge (its tables of ``tables``), or fault
+    kinds."""
+    out: dict[str, list[str]] = {c.name: [CHECKER] for t in tables for c in t}
     for k in KINDS.values():
         for name in k.coverage:
             out.setdefault(name, []).append(f"kind {k.name}")
@@ -52,7 +53,7 @@ def emitted_checks() -> dict[str, list[str]]:
 
 def checks_of(s: Scenario) -> set[str]:
     """The checks that give the scenario a verdict (not n/a) when it runs as it expects."""
-    out = {c.name for c in CHECKS if c.applies(s)}
+    out = {c.name for c in table(s) if c.applies(s)}
     for f in s.faults:
         out |= {name for name, applies in f.spec.coverage.items() if applies(s, f)}
     return out
@@ -182,9 +183,11 @@ def items_of(s: Scenario) -> set[Item]:
 
 def universe(catalogue: Iterable[Scenario]) -> set[Item]:
     """What a suite must cover: every family, kind, check and backend in the code, and every other
-    setup the catalogue uses."""
+    setup the catalogue uses; the checks of the judge's tables its trainers get."""
+    catalogue = list(catalogue)
+    tables = {id(t): t for t in map(table, catalogue)}.values()
     return ({("family", f) for f in families()} | {("kind", k) for k in KINDS}
-            | {("check", c) for c in emitted_checks()} | {("setup", f"backend {b}") for b in BACKENDS}
+            | {("check", c) for c in emitted_checks(tables)} | {("setup", f"backend {b}") for b in BACKENDS}
             | {("setup", x) for s in catalogue for x in setups_of(s)})
 
 

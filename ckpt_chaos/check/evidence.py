@@ -63,7 +63,7 @@ class Resume:
         return "?" if not self.decided else self.checkpoint or "scratch"
 
 
-def _within(path: str, entry: str) -> bool:
+def within(path: str, entry: str) -> bool:
     return path == entry or path.startswith(entry.rstrip("/") + "/")
 
 

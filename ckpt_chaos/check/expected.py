@@ -1,6 +1,6 @@
 """What a run of a scenario gives when it goes as the scenario expects: whether a launch fails, a
 relaunch follows and resumes, and which faults share a launch. The rules of when a check gives a
-verdict (the checker's ``CHECKS``, each fault kind's ``coverage``) are made of these."""
+verdict (the judge's tables, each fault kind's ``coverage``) are made of these."""
 
 from __future__ import annotations
 

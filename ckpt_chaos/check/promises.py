@@ -15,9 +15,9 @@ one hand-picked case:
   policy each ``save_failed`` event names) ends its launch with a non-zero status and no step after
   it: a scheduler must not take a job that lost its checkpoint for one that finished.
 
-The policy is the trainer's: the reference trainer's keys as each launch ran with them, its defaults
-and its resumable fields from ``reference_trainer/config.py``; a ``[command]`` trainer's as its
-scenario declares them (``command.keep_last``).
+The policy is the trainer's: a probed trainer's as its profile declares it (``ckpt_chaos.profile``:
+its fields, defaults and retention, with the keys each launch ran with); a ``[command]`` trainer's as
+its scenario declares it (``command.keep_last``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ckpt_chaos.check.history import Exited, kept_aside, named
 from ckpt_chaos.check.verdict import Report, Run, first_few, trajectory_records
 from ckpt_chaos.probe.layout import parse_name
+from ckpt_chaos.profile import profile_of
 
 if TYPE_CHECKING:
     from ckpt_chaos.scenario import Scenario
@@ -36,22 +37,18 @@ if TYPE_CHECKING:
 
 # ---- what the trainer declares ----------------------------------------------------------------------
 
-def reference_family(s: Scenario) -> bool:
-    """The scenario runs the reference trainer, or a planted copy of it: its config is TrainConfig."""
-    return s.command is None and (s.trainer_module == "reference_trainer"
-                                  or s.trainer_module.startswith("tests.planted."))
+def carries_manifest(s: Scenario) -> bool:
+    """The scenario's trainer declares checkpoints with the reference layout's manifest."""
+    p = profile_of(s)
+    return p is not None and p.manifest
 
 
 def declared_fields(s: Scenario) -> dict[str, bool]:
     """Every configuration field the trainer declares, and whether a resume must refuse a change of it
-    (it shapes the trajectory) or may accept one: the reference trainer's TrainConfig against its
-    RESUMABLE_CHANGES. A [command] trainer's relaunch cannot change its configuration (its argv is its
-    configuration), so it declares none."""
-    if not reference_family(s):
-        return {}
-    from reference_trainer.config import RESUMABLE_CHANGES, TrainConfig
-
-    return {f.name: f.name not in RESUMABLE_CHANGES for f in dataclasses.fields(TrainConfig)}
+    (it shapes the trajectory) or may accept one, as its profile says. A [command] trainer's relaunch
+    cannot change its configuration (its argv is its configuration), so it declares none."""
+    p = profile_of(s)
+    return dict(p.fields) if p is not None else {}
 
 
 def refused_keys(s: Scenario) -> set[str]:
@@ -96,11 +93,9 @@ def policy(run: Run, launch: int) -> Policy | None:
     if run.s.command is not None:
         keep = run.s.command.keep_last
         return None if keep is None else Policy(keep)
-    from reference_trainer.config import TrainConfig
-
-    d, cfg = TrainConfig(), run.config(launch)
-    return Policy(int(cfg.get("keep_last", d.keep_last)), int(cfg.get("keep_every", d.keep_every) or 0),
-                  bool(cfg.get("keep_best", d.keep_best)))
+    p = profile_of(run.s)
+    kept = p.retention({**p.defaults, **run.config(launch)}) if p is not None else None
+    return None if kept is None else Policy(kept.keep_last, kept.keep_every, kept.keep_best)
 
 
 # ---- what was committed -------------------------------------------------------------------------------
@@ -263,7 +258,11 @@ def _retention(run: Run, report: Report) -> None:
 
 
 def final_directory(run: Run, report: Report) -> None:
-    """The checkpoint folder at the end: no strays, and what retention keeps, as promised."""
+    """The checkpoint folder at the end: no strays, and what retention keeps, as promised (for a
+    ``[command]`` trainer, what ``command.keep_last`` promises: ``command_retention``)."""
+    if run.s.command is not None:
+        command_retention(run, report)
+        return
     exits = run.records(Exited)
     if not exits or exits[-1].rc != 0:
         _retention(run, report)  # the last K at every crash still holds
@@ -304,11 +303,11 @@ def _retention_kept(run: Run, report: Report, snap: dict, p: Policy) -> None:
                                                               if n not in out_of_reach))
 
 
-def command_retention(run: Run, ev: Any, report: Report) -> None:
+def command_retention(run: Run, report: Report) -> None:
     """A [command] trainer that declares ``command.keep_last`` K keeps, when the job has finished, exactly
     the newest K of the checkpoints it wrote (those ``command.complete`` matches, ordered by the step each
     holds: ``Evidence.saved_steps``), no more and no fewer."""
-    p = policy(run, 0)
+    p, ev = policy(run, 0), run.evidence
     exits = run.records(Exited)
     if p is None or not exits or exits[-1].rc != 0 or exits[-1].complete is None:
         return
@@ -444,15 +443,15 @@ def _candidates(value: Any) -> list[Any]:
 def changed_value(s: Scenario, key: str) -> Any:
     """A value of ``key`` other than the one the scenario's trainer runs with, valid at every world size
     the scenario uses; None where none is found."""
-    from reference_trainer.config import ConfigError, TrainConfig
-
-    base = {**TrainConfig().to_dict(), **s.trainer}
+    p = profile_of(s)
+    if p is None:
+        return None
+    base = {**p.defaults, **s.trainer}
     for v in (c for c in _candidates(base[key]) if c != base[key]):
         try:
-            cfg = TrainConfig(**{**base, key: v})
             for world in {s.world_size, s.resumed_world_size()}:
-                cfg.validate(world)
-        except (ConfigError, TypeError, ValueError):
+                p.validate({**base, key: v}, world)
+        except ValueError:
             continue
         return v
     return None

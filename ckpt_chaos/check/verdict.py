@@ -9,9 +9,11 @@ this scenario), with a sentence that says what was seen. The run's verdict is th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from ckpt_chaos.check.evidence import Evidence, Resume
 from ckpt_chaos.check.history import (Exited, FaultFired, LaunchStarted, ProbeEvent, R, Record, of, read_history,
                                      trainer_events, trajectory_records)
 
@@ -108,14 +110,23 @@ class Run:
         steps = [r["step"] for r in trajectory_records(self.dir) if r.get("attempt") == launch]
         return max(steps, default=0)
 
-    def resume_point(self, launch: int) -> tuple[str | None, int] | None:
-        """(checkpoint name or None for a fresh start, step) that a launch began from."""
+    def resumed_from(self, launch: int) -> Resume:
+        """Where launch ``launch`` resumed from: the one answer every check, diagnosis and report takes.
+        The reference trainer says so in its events (``loaded``, ``fresh_start``); a ``[command]``
+        trainer's comes from what its processes read and trained (``check/evidence.py``)."""
+        if self.s.command is not None:
+            return self.evidence.resumed_from(launch)
         loads = self.trainer("loaded", launch)
         if loads:
-            return loads[0]["name"], loads[0]["step"]
+            return Resume(launch, True, loads[0]["name"], "the trainer reported loading it", loads[0]["step"] + 1)
         if self.trainer("fresh_start", launch):
-            return None, 0
-        return None
+            return Resume(launch, True, None, "the trainer reported a fresh start", 1)
+        return Resume(launch, False, missing=f"launch {launch} reported neither a load nor a fresh start")
+
+    @cached_property
+    def evidence(self) -> Evidence:
+        """What a ``[command]`` trainer's launches did to its checkpoint files (``check/evidence.py``)."""
+        return Evidence(self)
 
     def exit_of(self, launch: int) -> Exited | None:
         return next(iter(self.records(Exited, launch)), None)

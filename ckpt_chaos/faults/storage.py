@@ -457,11 +457,12 @@ def corruption_detected(run: Run, h: FaultFired, report: Report, rejected_event:
                    fault=h.index)
         return
     # the launches up to the first that resumed: one whose load failed (an I/O error) resumed nothing
-    upto = next((i for i, x in enumerate(later) if run.resume_point(x) is not None), 0)
+    upto = next((i for i, x in enumerate(later) if run.resumed_from(x).decided), 0)
     looked = later[:upto + 1]
     launch = looked[-1]
     rejected = [(x, e) for x in looked for e in run.trainer(rejected_event, x) if e["name"] == name]
-    point = run.resume_point(launch)
+    r = run.resumed_from(launch)
+    point = (r.checkpoint, (r.first_step or 1) - 1) if r.decided else None
     if rejected:
         report.add("detected", True, f"launch {rejected[0][0]} rejected {name}{where}: {rejected[0][1]['reason']}",
                    fault=h.index)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from ckpt_chaos.check.any_trainer import EXACT
+from ckpt_chaos.check.trajectory import EXACT
 from ckpt_chaos.check.history import read_jsonl
 from ckpt_chaos.config import golden_dir, golden_tree, refuse_golden_elsewhere
 from ckpt_chaos.env.fileevents import FileEvents

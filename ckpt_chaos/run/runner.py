@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 from filelock import FileLock
 
-from ckpt_chaos.check import any_trainer, checks as checker
+from ckpt_chaos.check.judge import check_run
 from ckpt_chaos.run import command
 from ckpt_chaos.run.controller import ProbeServer
 from ckpt_chaos.run.triggers import Generator, launch_of
@@ -663,8 +663,7 @@ def _cluster_for(s: Scenario, run_dir: Path):
 
 def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str] = ()) -> Result:
     """Run the checkers over a stored run (also used by ``ckpt-chaos check`` to re-check later)."""
-    check = any_trainer.check_run if s.command is not None else checker.check_run
-    report = check(s, Path(run_dir), Path(golden), list(harness_errors))
+    report = check_run(s, Path(run_dir), Path(golden), list(harness_errors))
     events = trainer_events(run_dir, "saved")
     saves = [e["total_s"] for e in events if e.get("total_s") is not None]
     stalls = [e["stall_s"] for e in events if e.get("stall_s") is not None]
