@@ -15,10 +15,7 @@ import importlib
 import importlib.util
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Mapping
-
-if TYPE_CHECKING:
-    from ckpt_chaos.scenario import Scenario
+from typing import Any, Callable, Mapping
 
 ATTRIBUTE = "CKPT_CHAOS_PROFILE"
 
@@ -53,9 +50,9 @@ class TrainerProfile:
     world size, which ``manifest_facts`` holds to the run."""
 
 
-def profile_of(s: Scenario) -> TrainerProfile | None:
-    """The profile the scenario's trainer declares; None for a ``[command]`` trainer or one that
-    declares none."""
+def profile_of(s: Any) -> TrainerProfile | None:
+    """The profile a scenario's trainer declares (``s``: a ``Scenario``, which imports this module); None
+    for a ``[command]`` trainer or one that declares none."""
     return None if s.command is not None else find(s.trainer_module)
 
 

@@ -9,13 +9,21 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from toxiproxy_server.toxics import (DOWNSTREAM, EFFECTS, UPSTREAM, Chunk, CloseLink, Dropped, Effect,
                                      ResetConnection, Toxic)
 
-if TYPE_CHECKING:
-    from toxiproxy_server.proxy import Proxy
+
+class Proxy(Protocol):
+    """What a connection needs of its proxy (``proxy.Proxy``, which imports this module): its name, each
+    direction's toxic chain, and to be told when the connection is gone."""
+
+    name: str
+
+    def chain(self, direction: str) -> tuple[Toxic, ...]: ...
+
+    def forget(self, conn: Connection) -> None: ...
 
 
 logger = logging.getLogger(__name__)

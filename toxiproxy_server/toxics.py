@@ -7,13 +7,20 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from toxiproxy_server.errors import (INVALID_STREAM, INVALID_TOXIC_TYPE, TOXIC_EXISTS, ApiError, _bad_body, _get,
                                      _object)
 
-if TYPE_CHECKING:
-    from toxiproxy_server.link import Link
+
+class Link(Protocol):
+    """What an effect needs of the link it acts on (``link.Link``, which imports this module): to wait
+    until a time or for a while, False where the effect was removed or replaced meanwhile."""
+
+    def sleep_until(self, target: float, owner: Effect | None) -> bool: ...
+
+    def sleep_for(self, seconds: float, owner: Effect | None) -> bool: ...
+
 
 UPSTREAM, DOWNSTREAM = "upstream", "downstream"
 LATENCY_BUFFER = 1024  # the real latency toxic's channel buffer, in chunks

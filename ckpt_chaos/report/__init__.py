@@ -1,0 +1,1 @@
+"""What a suite run leaves: results.json, CSV and JUnit, the HTML report and its plots, goodput."""
