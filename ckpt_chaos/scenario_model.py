@@ -224,6 +224,10 @@ class Command:
     """Variables set for it (placeholders too): TMPDIR = "{run_dir}/tmp"."""
     save_every: int | None = None
     """Steps between its checkpoints: the bound on lost work."""
+    saves_in_flight: int = 0
+    """Saves that may still be writing while training goes on (0: each save is whole before the next
+    step; 1: an asynchronous checkpointer, such as DCP's async_save waited on at the next save): up to
+    save_every × (1 + saves_in_flight) steps may be trained again after a fault."""
     keep_last: int | None = None
     """Its retention: how many of its newest complete checkpoints it keeps (None: it declares none, and
     retention is not checked)."""
@@ -260,7 +264,9 @@ class Expect:
     resume_from: str | None = None
     """The checkpoint the first relaunch must load."""
     max_lost_steps: int | None = None
-    """Default: one checkpoint interval (two less a step for async saves)."""
+    """Steps of work a relaunch may train again. Default: one checkpoint interval (two less a step for
+    the reference trainer's async saves; for a [command] trainer, command.save_every × (1 +
+    command.saves_in_flight)); given, it is the bound for either."""
     job_fails: bool | None = None
     """The faulted launch exits non-zero (default: not for term)."""
     detect_within_s: float | None = None

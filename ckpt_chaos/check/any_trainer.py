@@ -11,7 +11,8 @@ counts as a complete checkpoint (``command.complete``, listed at the end of ever
 * ``resume_from`` (where ``expect.resume_from`` names it): the first relaunch resumed from it; a job
   that ended without a relaunch fails it, since the promise was a relaunch;
 * ``no_torn_read@N``: launch N did not load a file that was still being written when launch N-1 died;
-* ``lost_work@N``: at most ``command.save_every`` steps trained again;
+* ``lost_work@N``: at most ``expect.max_lost_steps`` steps trained again, or where not given
+  ``command.save_every`` for each save that may be lost (``1 + command.saves_in_flight``);
 * ``trajectory``: every step of the golden run, bit for bit (or within ``expect.rel_tol``), with a
   diagnosis of the first divergent step: which recorded part differs (samples, learning rate, loss)
   and, for the first step after a resume, which part of the state the step started from differs
@@ -191,6 +192,10 @@ def _resume(run: Run, ev: Evidence, report: Report, launch: int) -> None:
                    f"checkpoint was {newest} (complete: {', '.join(sorted(complete))})")
     read = set(r.files) | ({r.checkpoint} if r.checkpoint else set())
     hit = sorted(p for p in torn if any(_within(p, q) for q in read))
+    # a stray temporary file is no file of its checkpoint: it counts where the launch was seen to read it
+    strays = ev.strays(launch - 1)
+    hit += sorted(p for p in strays if p in r.files)
+    torn = {**torn, **strays}
     if hit:
         report.add("no_torn_read", False, at=launch, detail=f"it resumed from {r.checkpoint or 'files'} ({r.how}), "
                    f"which launch {launch - 1} left torn or incomplete: "
@@ -244,6 +249,15 @@ def _left_whole(run: Run, ev: Evidence, report: Report) -> None:
         report.add("committed_valid", "unknown", f"what launch {last} left complete was not recorded")
         return
     torn = ev.torn(last)
+    # half-written temporary files: no file of their checkpoint, so they decide no verdict, but they take
+    # space, and a load that globs its folder would find them
+    stray = ev.strays(last)
+    counted = {p for c in ex.complete for p in _torn_in(ev, stray, c)}
+    strays = "" if not stray else (
+        f"; {len(stray)} stray temporary file(s) left half written in checkpoint folders, never renamed into "
+        "place (no file of their checkpoint: a load that opens its files by name skips them): "
+        + "; ".join(f"{p}: {how}" + (" (in a checkpoint counted complete)" if p in counted else "")
+                    for p, how in sorted(stray.items())[:4]) + (" ..." if len(stray) > 4 else ""))
     if run.s.resumed_world_size() != run.s.world_size:
         # a resume at another world size writes other files per checkpoint than the golden run
         torn = {p: how for p, how in torn.items() if not how.startswith("missing")}
@@ -252,7 +266,7 @@ def _left_whole(run: Run, ev: Evidence, report: Report) -> None:
     if not hit:
         report.add("committed_valid", True, f"the {len(ex.complete)} checkpoint(s) counted complete as the job "
                    f"ended hold no file left mid-write, closed after a failed write, or empty or missing where the "
-                   f"golden run's was not")
+                   f"golden run's was not" + strays)
         return
     ended_by = [h for h in run.faults() if h.launch == last and run.s.faults[h.index].ends_launch]
     names = ", ".join(hit)
@@ -264,18 +278,21 @@ def _left_whole(run: Run, ev: Evidence, report: Report) -> None:
         return
     report.add("committed_valid", False, f"the job ended (launch {last}, exit status {ex.rc}) counting {names} "
                f"complete (command.complete), but {why}: a relaunch would resume from a torn checkpoint"
-               + ("" if len(hit) < len(ex.complete) else "; no whole checkpoint is left"))
+               + ("" if len(hit) < len(ex.complete) else "; no whole checkpoint is left") + strays)
+
 
 
 def _lost_work(run: Run, ev: Evidence, report: Report, launch: int, lost: str | None) -> None:
     """Steps trained again by the launch: the furthest step any launch before it reached against the
     step it began at. A launch that trained no step (killed during its load) is measured by the next
-    launch that trained, against the same furthest step."""
-    every = run.s.command.save_every
+    launch that trained, against the same furthest step. The bound: ``expect.max_lost_steps`` where
+    given, else ``command.save_every`` steps for each save that may be lost (``1 +
+    command.saves_in_flight``: an asynchronous save may still be writing when the next one begins)."""
+    limit, source = lost_work_limit(run.s)
     reached = [s for n in run.launches() if n < launch for s in ev.trained(n)]
     started = ev.trained(launch)
-    if every is None:
-        report.add("lost_work", "n/a", at=launch, detail="command.save_every is not given")
+    if limit is None:
+        report.add("lost_work", "n/a", at=launch, detail=source)
     elif not started and any(ev.trained(n) for n in run.launches() if n > launch):
         return
     elif not started:
@@ -287,9 +304,24 @@ def _lost_work(run: Run, ev: Evidence, report: Report, launch: int, lost: str | 
     else:
         lost_steps = max(reached) - (started[0] - 1)
         report.steps_lost = (report.steps_lost or 0) + max(0, lost_steps)
-        report.add("lost_work", lost_steps <= every, at=launch, detail=f"{lost_steps} step(s) trained again, at "
-                   f"most {every} allowed" + ("" if lost_steps <= every else f": it went back to step "
-                                             f"{started[0] - 1} from {max(reached)}" + (f"; {lost}" if lost else "")))
+        report.add("lost_work", lost_steps <= limit, at=launch, detail=f"{lost_steps} step(s) trained again, at "
+                   f"most {limit} allowed" + (f" ({source})" if source else "")
+                   + ("" if lost_steps <= limit else f": it went back to step {started[0] - 1} from {max(reached)}"
+                      + (f"; {lost}" if lost else "")))
+
+
+def lost_work_limit(s: Scenario) -> tuple[int | None, str]:
+    """The steps a relaunch of a ``[command]`` trainer may train again, and where the bound comes from
+    (empty for the plain ``command.save_every``); None and why where the scenario states none."""
+    c = s.command
+    if s.expect.max_lost_steps is not None:
+        return s.expect.max_lost_steps, "expect.max_lost_steps"
+    if c is None or c.save_every is None:
+        return None, "neither command.save_every nor expect.max_lost_steps is given"
+    if c.saves_in_flight:
+        return (c.save_every * (1 + c.saves_in_flight), f"{1 + c.saves_in_flight} × command.save_every: "
+                f"command.saves_in_flight = {c.saves_in_flight}")
+    return c.save_every, ""
 
 
 def _within(path: str, entry: str) -> bool:
