@@ -24,8 +24,8 @@ EXTERNAL_POINTS = (
 AUTO_POINTS = tuple(p for p in dict.fromkeys(p for ps in auto.PATCH_POINTS.values() for p in ps)
                     if p not in POINTS) + FAULTFS_POINTS
 # Points whose events carry a path (relative to the run directory), which when.path filters with a glob.
-PATH_POINTS = ("fs.created", *AUTO_POINTS, "ckpt.shard.write", "ckpt.shard.done", "ckpt.stage", "load.begin",
-               "load.end", "upload.write")
+PATH_POINTS = ("fs.created", *AUTO_POINTS, "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata", "ckpt.stage",
+               "load.begin", "load.end", "upload.write")
 
 # The keys that take one of a fixed set of values, each set declared once; the loader checks every
 # such field against its set. The kinds and points come from their registries (faults/, probe/).
