@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
 
 from ckpt_chaos.env.faultfs_powerloss import Crash, NsOp, remove_entry
-from ckpt_chaos.env.faultfs_probe import Reporter, tgid
+from ckpt_chaos.env.faultfs_probe import Reporter, exiting, tgid
 from ckpt_chaos.env.storage import FAULTFS_POINTS, POWER_LOSS_MODES, socket_address
 
 # Call names a rule may use, and the FUSE operations each covers.
@@ -357,8 +357,11 @@ class FaultFS(Operations):
         if state is not None and r is not None:
             # bytes: how far it wrote (a writer may size the file first: size says that)
             # opened: where its first write was, when a rename moved it since (safetensors renames first)
+            # exited: the process was ending and the kernel closed the file for it; whether the writer
+            # had finished is then the evidence's to judge (bytes against the golden run's file)
             self._hold("faultfs.done", path=r.path(path), bytes=state[1], size=os.fstat(fh).st_size,
                        **({"failed": True} if state[0] else {}),
+                       **({"exited": True} if exiting(fuse_get_context()[2]) else {}),
                        **({"opened": state[4]} if state[4] != r.path(path) else {}),
                        **({"aliases": state[3]} if state[3] else {}))
         return 0
