@@ -5,23 +5,39 @@ the session's ``plain_ddp_mid_write``) checked again under other declarations of
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 
 from ckpt_chaos.check import any_trainer
-from ckpt_chaos.scenario import ScenarioError, from_dict
+from ckpt_chaos.scenario import Fault, ScenarioError, from_dict
 
 pytestmark = pytest.mark.slow
 
 
-def recheck(stored, expect: dict | None = None, command: dict | None = None) -> dict[str, tuple[str, str]]:
-    """The stored run's checks under the scenario with ``expect`` and ``command`` keys changed (the
-    files are read only)."""
+def recheck(stored, expect: dict | None = None, command: dict | None = None, when: dict | None = None,
+            run_dir: Path | None = None) -> dict[str, tuple[str, str]]:
+    """The stored run's checks (or those of ``run_dir``, a changed copy of it) under the scenario with
+    ``expect``, ``command`` and its fault's ``when`` keys changed (the files are read only)."""
     s = stored.scenario
+    f = s.faults[0]
     s = dataclasses.replace(s, expect=dataclasses.replace(s.expect, **(expect or {})),
-                            command=dataclasses.replace(s.command, **(command or {})))
-    report = any_trainer.check_run(s, stored.run_dir, stored.golden)
+                            command=dataclasses.replace(s.command, **(command or {})),
+                            faults=[Fault(f.kind, dataclasses.replace(f.when, **(when or {})), f.target, f.attempt,
+                                          params=f.params)])
+    report = any_trainer.check_run(s, run_dir or stored.run_dir, stored.golden)
     return {c.name: (c.verdict, c.detail) for c in report.checks}
+
+
+def changed_copy(stored, tmp_path: Path, change) -> Path:
+    """A copy of the stored run whose ``history.jsonl`` records went through ``change``."""
+    run = tmp_path / "run"
+    shutil.copytree(stored.run_dir, run, symlinks=True, ignore=shutil.ignore_patterns("checkpoints"))
+    lines = [json.loads(x) for x in (run / "history.jsonl").read_text().splitlines() if x.strip()]
+    (run / "history.jsonl").write_text("".join(json.dumps(change(r)) + "\n" for r in lines))
+    return run
 
 
 # ---- lost work: expect.max_lost_steps and command.saves_in_flight ----------------------------------
@@ -63,3 +79,40 @@ def test_a_bound_that_cannot_hold_is_refused_naming_the_key(command, expect, key
     with pytest.raises(ScenarioError, match=rf"^s\.toml: {key}: ") as e:
         from_dict(table, "s.toml", "s")
     assert message in str(e.value), e.value
+
+
+# ---- where a fault on a file write landed ------------------------------------------------------------
+
+TMP = "checkpoints/step_00000008.pt.tmp"  # the example's torch.save writes here, then renames it
+
+
+def test_a_kill_at_half_of_a_file_is_measured_at_half_of_the_golden_file(plain_ddp_mid_write):
+    verdict, detail = {c["name"]: (c["verdict"], c["detail"]) for c in plain_ddp_mid_write.row["checks"]}[
+        "fault_0_landed"]
+    assert (verdict, detail) == ("pass", f"{TMP} (checkpoints/step_00000008.pt in the golden run) held 11575 of the "
+                                         "golden run's 23149 bytes (50%) when the fault fired (on disk as its launch "
+                                         "ended), for a trigger at 50%")
+    # a trigger at no fraction: where it landed is said all the same
+    assert recheck(plain_ddp_mid_write, when={"min_fraction": None})["fault_0_landed"][1].endswith(
+        "(50%) when the fault fired (on disk as its launch ended), for a trigger at no fraction")
+
+
+def test_a_landing_short_of_its_trigger_fails(plain_ddp_mid_write):
+    # the same run judged as if its trigger had asked for 80 % of the file: the point came at half
+    verdict, detail = recheck(plain_ddp_mid_write, when={"min_fraction": 0.8})["fault_0_landed"]
+    assert verdict == "fail" and detail.endswith("(50%) when the fault fired (on disk as its launch ended), for a "
+                                                 "trigger at 80%: the point reported a share of the file it did "
+                                                 "not have (its plan was not the golden file's size)"), detail
+
+
+def test_fewer_bytes_on_disk_than_the_point_reported_fail(plain_ddp_mid_write, tmp_path):
+    def shrink(rec):
+        if rec.get("kind") == "exit" and rec.get("launch") == 0:
+            rec["files"][TMP] = 5000
+        return rec
+
+    verdict, detail = recheck(plain_ddp_mid_write, run_dir=changed_copy(plain_ddp_mid_write, tmp_path, shrink))[
+        "fault_0_landed"]
+    assert (verdict, detail) == ("fail", f"{TMP} (checkpoints/step_00000008.pt in the golden run) held 5000 bytes "
+                                         "as launch 0 ended, which the fault ended, but the file.write it fired on "
+                                         "reported 11575 written: the layer reported progress the file did not have")

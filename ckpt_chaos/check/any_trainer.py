@@ -2,6 +2,9 @@
 layer saw (its points in ``history.jsonl``, its ``trajectory.jsonl``) and what the trainer itself
 counts as a complete checkpoint (``command.complete``, listed at the end of every launch).
 
+* ``fault_N_landed`` (per fault on a file write: ``file.write``, ``faultfs.write``, ``ckpt.shard.write``):
+  the bytes of the file when it fired, against the same file's size in the golden run, within a tenth
+  past ``when.min_fraction`` where given (``checks._landed_in_file``);
 * ``job_completed``: the last launch exited 0 having trained every step of the golden run;
 * ``job_failed`` (per fault that ends a launch, or of any kind where ``expect.job_fails`` says how
   the launch ends): the faulted launch failed (or, ``job_fails = false``, did not); a SIGTERM was
@@ -33,7 +36,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ckpt_chaos.check.checks import _faults_fired, _harness_health, sample_shift
+from ckpt_chaos.check.checks import _faults_fired, _faults_landed, _harness_health, sample_shift
 from ckpt_chaos.check.verdict import Report, Run
 from ckpt_chaos.check.evidence import Evidence, Resume
 from ckpt_chaos.check.history import Exited, launch_logs, read_jsonl, step_loss
@@ -50,6 +53,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     report = Report(launches=len(run.launches()))
     _harness_health(run, report)
     _faults_fired(run, report)
+    _faults_landed(run, report)
     ev = Evidence(run)
     _unfired_loads(run, ev, report)
     gold, got = _steps(golden), ev.steps()
