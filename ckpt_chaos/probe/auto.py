@@ -18,8 +18,9 @@ for the reference trainer):
   watched path;
 * DCP's shard files (``*.distcp``) as ``ckpt.shard.write`` (with ``bytes`` and, where the size is
   known, ``fraction``) and ``ckpt.shard.done``; its ``.metadata`` rename as ``ckpt.metadata``;
-* any other file written in a watched directory through Python (``open``, and ``torch.save``,
-  which is made to write through a Python stream) as ``file.write`` / ``file.done`` (bytes that
+* any other file written in a watched directory through Python (``open``; ``torch.save``, which
+  is made to write through a Python stream; ``os.open``, ``os.write`` and ``os.close``, as
+  DeepSpeed's writer does, ``via = "os.write"``) as ``file.write`` / ``file.done`` (bytes that
   native code wrote through such a file's descriptor, as numpy's ``tofile`` does, counted from the
   file's size: ``native``; a file closed short of the golden run's: ``short``); and
   ``file.fsync``, ``file.rename``, ``file.remove``, ``file.rmtree``, ``file.copy`` (a copy is made

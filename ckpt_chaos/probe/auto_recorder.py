@@ -10,7 +10,7 @@ import sys
 import time
 
 from ckpt_chaos import probe
-from ckpt_chaos.probe.auto_state import _point, _s
+from ckpt_chaos.probe.auto_state import _orig, _point, _s
 
 
 def _ids(indices):
@@ -171,10 +171,11 @@ def _append(name: str, rec: dict) -> None:
     """One JSON line, in one write(2) on a descriptor kept open (O_APPEND: a line a killed process
     wrote is whole, and the lines of several processes do not mix)."""
     key = (name, os.getpid())
-    fd = _s.fds.get(key)
-    if fd is None:
-        fd = _s.fds[key] = os.open(os.path.join(_s.run_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.write(fd, (json.dumps(rec) + "\n").encode())
+    fd = _s.logs.get(key)
+    if fd is None:  # the layer's own records are never reported, whatever folder is watched
+        fd = _s.logs[key] = _orig["os.open"](os.path.join(_s.run_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                             0o644)
+    _orig["os.write"](fd, (json.dumps(rec) + "\n").encode())
 
 
 def _at_exit() -> None:

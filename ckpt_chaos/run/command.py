@@ -224,8 +224,9 @@ def golden_key(s: Scenario) -> str:
     h = hashlib.sha256()
     tree = golden_tree()  # pinned (mutation testing): the pristine tree's files, not the mutant's
     files = [(p, Path(tree or ".") / p) for p in _key_files(s, tree)]
-    # the layer's code shapes the records too, and follow.py the plan made of them
-    for name, p in files + [(Path(m.__file__), Path(m.__file__)) for m in (auto, follow)]:
+    # the layer's code shapes the records too (every module of it), and follow.py the plan made of them
+    layer = sorted(Path(auto.__file__).parent.glob("auto*.py")) + [Path(follow.__file__)]
+    for name, p in files + [(m, m) for m in layer]:
         h.update(str(name).encode())
         h.update(p.read_bytes())
     c = asdict(s.command)

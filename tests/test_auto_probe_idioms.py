@@ -1,0 +1,65 @@
+"""Save and resume idioms the automatic probe layer must see as they are, each a small real trainer
+(tests/trainers/, 2 ranks under torchrun) run through the harness with a fault, its verdict declared
+from what the trainer's code does:
+
+* ``os_write_writer.py`` saves as DeepSpeed does (``os.open``, a loop of ``os.write``, fsync, close,
+  rename; rank 0 then replaces ``latest``): a correct atomic save. A ``file.write`` trigger aimed at
+  the final name fires on the temporary file's ``os.write`` calls, the kill lands at exactly half of
+  its bytes, and the relaunch resumes from ``global_step4`` bit for bit: every check passes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ckpt_chaos.check.history import read_jsonl
+from ckpt_chaos.run.runner import run_scenario
+from ckpt_chaos.scenario import load
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+TRAINERS = REPO / "tests" / "trainers"
+
+
+def scenario(tmp_path: Path, trainer: str, body: str, *options: str):
+    """A ``[command]`` scenario running ``tests/trainers/<trainer>`` with ``options``; ``body``: the rest."""
+    path = TRAINERS / trainer
+    argv = ", ".join(json.dumps(a) for a in (str(path), "--ckpt-dir", "{ckpt_dir}", *options))
+    toml = tmp_path / f"{Path(trainer).stem}.toml"
+    toml.write_text(f'description = "{trainer}"\nworld_size = 2\n[command]\nargv = [{argv}]\nkey = ["{path}"]\n'
+                    + body)
+    return load(toml)
+
+
+def checks(result) -> dict[str, tuple[str, str]]:
+    return {c["name"]: (c["verdict"], c["detail"]) for c in result.checks}
+
+
+def test_a_file_written_with_os_write_is_seen_and_a_kill_lands_at_half_of_it(tmp_path, command_golden_root):
+    final = "checkpoints/global_step8/rank1_state.pt"
+    s = scenario(tmp_path, "os_write_writer.py", f"""complete = {{ pointer = "latest" }}
+save_every = 4
+[[faults]]
+kind = "kill"
+target = "rank:1"
+when = {{ point = "file.write", rank = 1, path = "{final}", min_fraction = 0.5 }}
+""", "--steps", "8")
+    r = run_scenario(s, tmp_path / "out", command_golden_root)
+    c = checks(r)
+    assert r.verdict == "pass", r.checks
+    assert c["resumed_newest@1"] == ("pass", "it loaded checkpoints/global_step4, the newest complete checkpoint "
+                                             "(its torch.load)"), c
+    assert c["trajectory"][1].startswith("8 steps identical to the golden run, bit for bit"), c
+    # the kill landed on the temporary file's os.write at half of the file's size in the golden run
+    run_dir = Path(r.run_dir)
+    fired = [e for e in read_jsonl(run_dir / "history.jsonl") if e.get("kind") == "file.write" and e["rank"] == 1 and e["launch"] == 0
+             and final in e["info"].get("aliases", ())]
+    last = fired[-1]["info"]
+    assert last["via"] == "os.write" and last["fraction"] >= 0.5, last
+    whole = (run_dir / final).stat().st_size  # written again by the relaunch, whole
+    torn = run_dir / last["path"]
+    assert torn.name.startswith(".rank1_state.pt.tmp") and torn.stat().st_size == last["bytes"] == -(-whole // 2)
