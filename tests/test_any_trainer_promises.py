@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_chaos import cli
 from ckpt_chaos.check import any_trainer
-from ckpt_chaos.scenario import Fault, ScenarioError, from_dict
+from ckpt_chaos.run.runner import run_scenario
+from ckpt_chaos.scenario import Fault, Recovery, ScenarioError, from_dict
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +118,31 @@ def test_fewer_bytes_on_disk_than_the_point_reported_fail(plain_ddp_mid_write, t
     assert (verdict, detail) == ("fail", f"{TMP} (checkpoints/step_00000008.pt in the golden run) held 5000 bytes "
                                          "as launch 0 ended, which the fault ended, but the file.write it fired on "
                                          "reported 11575 written: the layer reported progress the file did not have")
+
+
+# ---- ckpt-chaos ckpts on a [command] run -------------------------------------------------------------
+
+def test_ckpts_lists_a_command_runs_checkpoints_whole_or_torn(plain_ddp_mid_write, command_golden_root, tmp_path,
+                                                             capsys):
+    # the same kill with no relaunch: step 4's file whole, step 8's left half written under its temporary
+    # name (the example renames it into place only once written and fsynced)
+    s = dataclasses.replace(plain_ddp_mid_write.scenario, name="plain-ddp-no-relaunch",
+                            recovery=Recovery(relaunch="none"))
+    run_dir = Path(run_scenario(s, tmp_path, command_golden_root).run_dir)
+    assert cli.main(["ckpts", "--json", str(run_dir)]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows == {
+        "step_00000004.pt": {"name": "step_00000004.pt", "path": "checkpoints/step_00000004.pt", "complete": True,
+                             "valid": True, "reason": "", "files": 1, "bytes": 23149, "step": 4, "strays": [],
+                             "newest": True},
+        "step_00000008.pt.tmp": {"name": "step_00000008.pt.tmp", "path": TMP, "complete": False, "valid": False,
+                                 "reason": f"{TMP}: 11575 of 23149 bytes written (the golden run's "
+                                           "checkpoints/step_00000008.pt), never completed",
+                                 "files": 1, "bytes": 11575, "step": None, "strays": [], "newest": False}}
+    # the checkpoint folder itself names the same run
+    assert cli.main(["ckpts", str(run_dir / "checkpoints")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("checkpoints: complete = step_*.pt; * the newest complete and whole"), out
+    assert out[1].split() == ["*", "step_00000004.pt", "complete", "whole", "step", "4", "1", "file(s)", "23149",
+                              "bytes"], out
+    assert out[2].split()[:2] == ["step_00000008.pt.tmp", "TORN"], out
