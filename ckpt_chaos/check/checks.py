@@ -202,14 +202,12 @@ def _landed_in_file(run: Run, h, fraction: float | None, report: Report) -> None
         report.add("landed", "unknown", f"the {h.at.get('point')} it fired on names no file and byte count",
                    fault=h.index)
         return
-    gold = Evidence(run).golden_files()
-    names = [*(info.get("aliases") or []), path]
-    name = next((n for n in names if n in gold), None)
+    aliases = info.get("aliases") or []
+    name, whole = Evidence(run)._golden_size(path, aliases)
     if name is None:
-        report.add("landed", "unknown", f"the golden run left no file {' or '.join(dict.fromkeys(names))} to measure "
-                   "it against", fault=h.index)
+        report.add("landed", "unknown", f"the golden run left no file {' or '.join(dict.fromkeys([path, *aliases]))} "
+                   "to measure it against", fault=h.index)
         return
-    whole = gold[name]
     ex = run.exit_of(h.launch)
     killed = run.s.faults[h.index].spec.kills_target and h.at.get("rank") in h.detail.get("ranks", ())
     on_disk = (ex.files or {}).get(path) if killed and ex is not None else None
