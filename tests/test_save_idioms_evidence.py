@@ -6,8 +6,9 @@ then moves the ``latest`` pointer the same way. Rank 1 is SIGKILLed half-way thr
 
 Expected verdicts, from what the trainer's code does:
 
-* the correct save (a temporary named by pid, or a fixed one): ``latest`` still names
-  ``global_step4`` when the kill lands, both of its files whole, so the relaunch resumes from it:
+* the correct save (rank 0 with a fixed temporary name, ``rank0_state.pt.tmp`` and ``latest.tmp``,
+  rank 1 with one named by its pid: both idioms in one run): ``latest`` still names ``global_step4``
+  when the kill lands, both of its files whole, so the relaunch resumes from it:
   ``resumed_newest@1``, ``no_torn_read@1`` and ``committed_valid`` pass. The killed writer's
   temporary file, half written, is left in ``global_step8``, which the relaunch saves again; its
   loader opens ``rankR_state.pt`` by name and never reads it: reported as a stray, not a failure;
@@ -21,10 +22,13 @@ Needs root and /dev/fuse (faultfs); skipped with the reason without them.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,11 +63,13 @@ when = {{ point = "faultfs.write", rank = 1, path = "{RANK1}", min_fraction = 0.
     return load(path)
 
 
-def checks(tmp_path, golden_root, *options: str) -> dict[str, tuple[str, str]]:
+def checks(tmp_path, golden_root, *options: str) -> tuple[dict[str, tuple[str, str]], int]:
+    """The run's checks, and how many bytes of rank 1's file the kill left (half the golden run's)."""
     r = run_scenario(scenario(tmp_path, *options), tmp_path / "out", golden_root)
     out = {c["name"]: (c["verdict"], c["detail"]) for c in r.checks}
     assert out["fault_0_fired"][0] == "pass", (r.reason, out)
-    return out
+    size = json.loads((Path(r.run_dir) / "golden" / "planned.json").read_text())["sizes"][RANK1]
+    return out, -(-size // 2)
 
 
 _WRITER = """
@@ -101,22 +107,24 @@ def test_faultfs_says_a_file_was_closed_by_its_writers_death_not_by_the_writer(t
 
 @pytest.mark.slow
 @needs_faultfs
-@pytest.mark.parametrize("tmp", ["pid", "fixed"])
-def test_an_atomic_save_on_faultfs_resumes_from_the_pointer_without_a_false_alarm(tmp_path, golden_root, tmp):
-    c = checks(tmp_path, golden_root, "--tmp", tmp)
+def test_an_atomic_save_on_faultfs_resumes_from_the_pointer_without_a_false_alarm(tmp_path, golden_root):
+    c, half = checks(tmp_path, golden_root, "--tmp", "fixed,pid")
     for name in ("resumed_newest@1", "no_torn_read@1", "committed_valid"):
         assert c[name][0] == "pass", (name, c[name][1])
     assert "checkpoints/global_step4" in c["resumed_newest@1"][1]
-    if tmp == "pid":
-        # the killed writer's temporary file is still in global_step8, which the relaunch saved again
-        assert "stray" in c["committed_valid"][1] and "global_step8/.rank1_state.pt.tmp" in c["committed_valid"][1], \
-            c["committed_valid"][1]
+    # the killed writer's temporary file is still in global_step8, which the relaunch saved again
+    detail = c["committed_valid"][1]
+    assert re.search(rf"stray .*checkpoints/global_step8/\.rank1_state\.pt\.tmp\d+: {half} of \d+ bytes written "
+                     r"\(the golden run's checkpoints/global_step8/rank1_state\.pt\), never completed, by launch 0",
+                     detail), detail
 
 
 @pytest.mark.slow
 @needs_faultfs
 def test_a_torn_file_an_earlier_launch_left_in_a_complete_checkpoint_fails_committed_valid(tmp_path, golden_root):
-    c = checks(tmp_path, golden_root, "--tmp", "none", "--pointer-first")
-    assert c["no_torn_read@1"][0] == "fail" and RANK1 in c["no_torn_read@1"][1], c["no_torn_read@1"]
+    c, half = checks(tmp_path, golden_root, "--tmp", "none", "--pointer-first")
+    verdict, detail = c["no_torn_read@1"]
+    assert verdict == "fail" and f"{RANK1}: {half} of " in detail, (verdict, detail)
     verdict, detail = c["committed_valid"]
-    assert verdict == "fail" and RANK1 in detail and "launch 0" in detail, (verdict, detail)
+    assert verdict == "fail" and f"{RANK1}: {half} of " in detail and "never completed, by launch 0" in detail, \
+        (verdict, detail)

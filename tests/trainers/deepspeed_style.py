@@ -6,8 +6,9 @@ folder; after a barrier rank 0 replaces the ``latest`` pointer (``global_stepN``
 fsyncs the checkpoint directory. A launch resumes from the folder ``latest`` names.
 
 ``--tmp pid`` (DeepSpeed's habit): ``.rankR_state.pt.tmpPID``; ``fixed``: ``rankR_state.pt.tmp``;
-``none``: written in place (broken). ``--pointer-first`` (broken): rank 0 moves ``latest`` to the new
-folder before any rank writes its file.
+``none``: written in place (broken); a list (``fixed,pid``) gives each rank its own, rank 0's for
+``latest`` too. ``--pointer-first`` (broken): rank 0 moves ``latest`` to the new folder before any
+rank writes its file.
 
     torchrun --nproc-per-node 2 tests/trainers/deepspeed_style.py --ckpt-dir /tmp/ckpt
 """
@@ -26,7 +27,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--ckpt-dir", type=Path, required=True)
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--save-every", type=int, default=4)
-p.add_argument("--tmp", choices=("pid", "fixed", "none"), default="pid")
+p.add_argument("--tmp", default="pid", help="pid, fixed or none, or one of them per rank: fixed,pid")
 p.add_argument("--pointer-first", action="store_true")
 args = p.parse_args()
 
@@ -40,8 +41,9 @@ def fsync_dir(path: Path) -> None:
 
 
 def write(path: Path, data: bytes) -> None:
+    kinds = args.tmp.split(",")
     tmp = {"pid": path.with_name(f".{path.name}.tmp{os.getpid()}"), "fixed": path.with_name(path.name + ".tmp"),
-           "none": path}[args.tmp]
+           "none": path}[kinds[min(rank, len(kinds) - 1)]]
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
