@@ -34,7 +34,7 @@ RAW_READERS = ("mmap", "from_file")  # they check the size only: a file of full 
 # writers whose bytes pass through Python's file objects, where the probe layer counts them (file.write);
 # np.save and tofile write through the descriptor from C, safetensors from Rust, mmap through a mapping
 PYTHON_WRITTEN = ("torch", "bytesio", "staging")
-# (temporary name, fsync, renamed before the close), as save.py's FILE_COMMIT
+# (temporary name, fsync, renamed before the close), as saving.py's FILE_COMMIT
 FILE_COMMIT = {"fsync_rename": (True, True, False), "nofsync_rename": (True, False, False),
                "rename_before_close": (True, True, True), "in_place": (False, False, False),
                "tmp_folder": (False, True, False)}
@@ -55,7 +55,11 @@ class Op:
 
 def data_files(i: Idiom, step: int) -> list[tuple[int, str]]:
     """(rank, final path) of each data file of a save."""
-    name, ext = f"step_{step}", EXT[i.writer]
+    name, ext = f"step_{step}", EXT.get(i.writer, "")
+    if i.trainer == "dcp_train.py":  # a shard a rank, then rank 0's .metadata, DCP's mark of a whole save
+        return [(0, f"{name}/__0_0.distcp"), (1, f"{name}/__1_0.distcp"), (0, f"{name}/.metadata")]
+    if i.trainer == "fabric_train.py":
+        return [(0, f"{name}.ckpt")]
     if i.layout == "file":
         return [(0, f"{name}.{ext}")]
     if i.layout == "folder":
@@ -69,7 +73,30 @@ def sidecar(i: Idiom, step: int) -> str | None:
 
 def entry(i: Idiom, step: int) -> str:
     """The checkpoint's entry in the checkpoint folder: what the resume rules list and the pointer names."""
+    if i.trainer != "train.py":
+        return data_files(i, step)[0][1] if i.layout == "file" else f"step_{step}"
     return f"step_{step}.{EXT[i.writer]}" if i.layout == "file" else f"step_{step}"
+
+
+def same_fs_staging(i: Idiom, f: "Fault") -> bool:
+    """Fabric's TMPDIR on the checkpoint folder's file system: the run directory's, unless the cell mounts
+    a file system of its own on the folder (faultfs, or the tmpfs of a storage fault)."""
+    return i.tmpdir == "watched" and f.kind in ("kill_file_write", "term_rank1")
+
+
+def framework_ops(i: Idiom, step: int, f: "Fault") -> list[Op]:
+    name = f"step_{step}"
+    if i.trainer == "dcp_train.py":
+        ops = [Op("mkdir", name)]
+        for rank, shard in data_files(i, step)[:2]:
+            ops += [Op("create", shard, rank=rank), Op("write", shard, file=shard, rank=rank), Op("fsync", shard, rank=rank)]
+        meta = f"{name}/.metadata"
+        return ops + [Op("barrier"), Op("create", meta + ".tmp"), Op("write", meta + ".tmp", file=meta),
+                      Op("fsync", meta + ".tmp"), Op("rename", meta + ".tmp", meta)]
+    final, staged = f"{name}.ckpt", f"@tmp/{name}"  # fsspec's mkstemp file in TMPDIR, outside the folder
+    if same_fs_staging(i, f):
+        return [Op("create", staged), Op("write", staged, file=final), Op("rename", staged, final)]
+    return [Op("create", staged), Op("write", staged), Op("create", final), Op("write", final, file=final)]
 
 
 def parent(path: str) -> str:
@@ -98,9 +125,11 @@ def file_ops(i: Idiom, rank: int, final: str, writer: str, commit: str, logical:
     return ops
 
 
-def save_ops(i: Idiom, step: int) -> list[Op]:
-    """The calls one save of the idioms trainer makes (save.py's write_checkpoint), in an order a run may
+def save_ops(i: Idiom, step: int, f: "Fault | None" = None) -> list[Op]:
+    """The calls one save of the idioms trainer makes (saving.py's write_checkpoint), in an order a run may
     take: ranks' files before the barrier, rank 0's sidecar, folder and pointer after it."""
+    if i.trainer != "train.py":
+        return framework_ops(i, step, f)
     name = f"step_{step}"
     pointer = Op("write", "latest", file="latest")
     pointer_ops = ([Op("create", "latest.tmp"), Op("write", "latest.tmp", file="latest"), Op("fsync", "latest.tmp"),
@@ -215,17 +244,16 @@ FAULT_KINDS = {
 
 def written_files(i: Idiom, step: int = TARGET) -> list[tuple[int, str]]:
     out = data_files(i, step)
+    if i.trainer != "train.py":
+        return out
     side = sidecar(i, step)
     return out + ([(0, side)] if side else [])
 
 
 def faults(i: Idiom) -> list[Fault]:
     """Every fault that applies to the idiom."""
-    if i.trainer != "train.py":
-        from frameworks import faults as framework_faults
-        return framework_faults(i)
     out = [Fault(k, f) for k in ("kill_file_write", "kill_faultfs_write") for _, f in written_files(i)]
-    if i.commit != "in_place" or i.writer == "safetensors":
+    if i.trainer == "dcp_train.py" or (i.trainer == "train.py" and (i.commit != "in_place" or i.writer == "safetensors")):
         out.append(Fault("kill_before_rename"))
     if i.pointer != "none":
         out += [Fault("kill_mid_pointer"), Fault("kill_between_data_and_pointer")]
@@ -246,12 +274,14 @@ class Expected:
 
 
 def allowed_loss(i: Idiom) -> int:
-    return 2 * EVERY - 1 if i.is_async else EVERY
+    """An asynchronous save may be lost with the one before it (``saves_in_flight = 1``)."""
+    return 2 * EVERY if i.is_async else EVERY
 
 
 def written_late(i: Idiom) -> int:
-    """Steps between a save's step and its bytes: a writer thread writes once the next step trained."""
-    return 1 if i.thread != "none" else 0
+    """Steps between a save's step and its bytes: a writer thread writes once the next step trained, and
+    DCP's async_save while it trains."""
+    return 1 if i.is_async else 0
 
 
 def holds(i: Idiom, step: int) -> str:
@@ -272,6 +302,8 @@ def cut_at(i: Idiom, f: Fault, ops: list[Op]) -> tuple[int, float] | None:
         if f.kind == "kill_between_data_and_pointer" and op.call == "write" and (
                 (op.file == "latest") == (i.pointer != "before_data")):
             return n, 0.1
+        if op.path.startswith("@tmp/"):  # TMPDIR is not on the file system that fills up
+            continue
         if f.kind == "disk_full" and op.call == "write":
             return n, 0.0
         if f.kind == "inodes_full" and op.call in ("create", "mkdir") and (
@@ -282,7 +314,7 @@ def cut_at(i: Idiom, f: Fault, ops: list[Op]) -> tuple[int, float] | None:
 
 def refused(i: Idiom, f: Fault) -> str:
     """Why the harness must refuse the fault's trigger: a file no point it names can see being written."""
-    if f.kind == "kill_file_write":
+    if f.kind == "kill_file_write" and i.trainer == "train.py":
         rank_writer = "small" if f.file.endswith((".json", ".pkl")) else i.writer
         if rank_writer not in PYTHON_WRITTEN and rank_writer != "small":
             return "native writer"
@@ -296,7 +328,7 @@ def after_crash(i: Idiom, f: Fault) -> tuple[FS, int, str]:
     last = STEPS
     story = ""
     for step in SAVES:
-        ops = save_ops(i, step)
+        ops = save_ops(i, step, f)
         cut = cut_at(i, f, ops) if step == TARGET and f.kind not in (
             "power_loss_undo", "power_loss_entries_kept", "term_rank1", "kill_during_load") else None
         if step == TARGET and cut is None and f.kind in ("kill_file_write", "kill_faultfs_write",
@@ -312,8 +344,11 @@ def after_crash(i: Idiom, f: Fault) -> tuple[FS, int, str]:
             if op.call != "barrier":
                 fs.apply(op, holds(i, step))
         if cut is not None:
-            last, story = step + written_late(i), f"the save of step {step} stopped at its {ops[cut[0]].call} " \
-                                                   f"of {ops[cut[0]].path or 'the checkpoint folder'}"
+            # an asynchronous save's error (a full disk) surfaces where the next save waits for it
+            surfaces = EVERY if i.trainer == "dcp_train.py" and i.is_async and f.kind in ("disk_full", "inodes_full") \
+                else written_late(i)
+            last, story = step + surfaces, f"the save of step {step} stopped at its {ops[cut[0]].call} " \
+                                           f"of {ops[cut[0]].path or 'the checkpoint folder'}"
             break
         if step == TARGET and f.kind.startswith("power_loss"):
             fs.power_cut(f.kind.removeprefix("power_loss_").replace("_", "-"))
@@ -335,7 +370,7 @@ def readable(i: Idiom, fs: FS, name: str) -> tuple[str, str]:
     if step is None or name not in fs.entries:
         return "raises", name or "the checkpoint folder"
     files = [p for _, p in data_files(i, step)] + ([sidecar(i, step)] if sidecar(i, step) else [])
-    reader, got, torn = i.reader or OWN_READER[i.writer], set(), ""
+    reader, got, torn = i.reader or OWN_READER.get(i.writer, "torch"), set(), ""
     for path in files:
         node = fs.entries.get(path)
         if node is None or (node.written < 1.0 and not (node.sized and reader in RAW_READERS
@@ -354,8 +389,11 @@ def whole(i: Idiom, fs: FS, name: str) -> bool:
 
 def listed(i: Idiom, fs: FS) -> list[str]:
     """The entries the rule lists, in its order, newest last."""
-    pattern = re.compile(r"step_(\d+)" + (re.escape("." + EXT[i.writer]) if i.layout == "file" else ""))
+    suffix = entry(i, 0).removeprefix("step_0")
+    pattern = re.compile(r"step_(\d+)" + re.escape(suffix))
     found = [k for k in fs.entries if "/" not in k and pattern.fullmatch(k)]
+    if i.trainer == "dcp_train.py":  # torchtitan's rule: a folder holding DCP's .metadata
+        found = [k for k in found if f"{k}/.metadata" in fs.entries]
     if i.resume == "string_max":
         return sorted(found)
     return sorted(found, key=lambda k: int(pattern.fullmatch(k)[1]))
@@ -399,9 +437,6 @@ def step_of(name: str) -> int:
 
 def expect(i: Idiom, f: Fault) -> Expected:
     """The verdict the idiom must get under the fault."""
-    if i.trainer != "train.py":
-        from frameworks import expect as framework_expect
-        return framework_expect(i, f)
     why = refused(i, f)
     if why:
         return Expected("refused", "", cause=(why,), why=f"{f.file} is written by {i.writer}'s native code")

@@ -101,6 +101,19 @@ IDIOMS: tuple[Idiom, ...] = (
           "back on error: kills are survived, a power cut empties every file"),
     Idiom("npsave", "in_place", resume="fallback", broken="np.save to the final name with a fall back on error: "
           "kills are survived, a power cut empties every file"),
+    # frameworks' own helpers
+    Idiom(layout="folder", trainer="dcp_train.py", label="dcp/get_state_dict+dcp_save/step_folder/highest_with_metadata",
+          broken="DCP fsyncs its files but no folder: a power cut that undoes unsynced entries takes every "
+                 "checkpoint folder with it"),
+    Idiom(layout="folder", trainer="dcp_train.py", extra=("--async",),
+          label="dcp/get_state_dict+dcp_async_save/step_folder/highest_with_metadata",
+          broken="DCP fsyncs its files but no folder: a power cut that undoes unsynced entries takes every "
+                 "checkpoint folder with it"),
+    Idiom(trainer="fabric_train.py", tmpdir="watched", label="fabric/save_tmpdir_same_fs/rank0_file/highest_step",
+          broken="fabric.save renames its TMPDIR file into place but never fsyncs: a power cut leaves nothing, "
+                 "or an empty file"),
+    Idiom(trainer="fabric_train.py", tmpdir="other_fs", label="fabric/save_tmpdir_other_fs/rank0_file/highest_step",
+          broken="with TMPDIR on another file system fabric.save copies into the final name: a kill leaves it torn"),
 )
 
 

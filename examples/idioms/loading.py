@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from save import EXT
+from saving import EXT
 
 RULES = ("pointer", "highest", "string_max", "mtime", "fallback")
 READERS = ("torch", "safetensors", "npy", "mmap", "from_file")
@@ -21,7 +21,7 @@ OWN_READER = {"torch": "torch", "bytesio": "torch", "staging": "torch", "npsave"
 
 
 def layout(model, opt) -> list[tuple[str, int]]:
-    """The name and length of each flat tensor ``save.flat`` writes, in its order, from the model alone."""
+    """The name and length of each flat tensor ``saving.flat`` writes, in its order, from the model alone."""
     names = [(f"model.{k}", v.numel()) for k, v in model.state_dict().items()]
     for i, p in enumerate(opt.param_groups[0]["params"]):
         names += [(f"opt.{i}.step", 1), (f"opt.{i}.exp_avg", p.numel()), (f"opt.{i}.exp_avg_sq", p.numel())]

@@ -4,7 +4,7 @@ ckpt-chaos.
 
 The batch of a step is drawn from a generator seeded by the step and the rank and nothing else draws
 random numbers, so a resume needs the model, AdamW's state and the step, and no data position: a
-divergence after a resume is the checkpoint's doing. ``save.py`` writes, ``load.py`` resumes.
+divergence after a resume is the checkpoint's doing. ``saving.py`` writes, ``loading.py`` resumes.
 
     torchrun --standalone --nproc-per-node 2 examples/idioms/train.py --ckpt-dir /tmp/ckpt \
         --writer torch --commit fsync_rename --resume highest
@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import load as loading  # the trainer's own modules, beside it (its folder is on sys.path)
-import save as saving
+import loading  # the trainer's own modules, beside it (its folder is on sys.path)
+import saving
 
 
 def parse() -> argparse.Namespace:
