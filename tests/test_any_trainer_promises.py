@@ -120,15 +120,24 @@ def test_fewer_bytes_on_disk_than_the_point_reported_fail(plain_ddp_mid_write, t
                                          "reported 11575 written: the layer reported progress the file did not have")
 
 
-# ---- ckpt-chaos ckpts on a [command] run -------------------------------------------------------------
+# ---- a run with no relaunch -------------------------------------------------------------------------
 
-def test_ckpts_lists_a_command_runs_checkpoints_whole_or_torn(plain_ddp_mid_write, command_golden_root, tmp_path,
-                                                             capsys):
-    # the same kill with no relaunch: step 4's file whole, step 8's left half written under its temporary
-    # name (the example renames it into place only once written and fsynced)
+@pytest.fixture(scope="module")
+def no_relaunch(plain_ddp_mid_write, command_golden_root, tmp_path_factory) -> dict:
+    """The same kill with no relaunch (its golden run the session's): step 4's file whole, step 8's left
+    half written under its temporary name (the example renames it into place only once written and
+    fsynced). Its result's row."""
+    from ckpt_chaos.report import results
+
     s = dataclasses.replace(plain_ddp_mid_write.scenario, name="plain-ddp-no-relaunch",
                             recovery=Recovery(relaunch="none"))
-    run_dir = Path(run_scenario(s, tmp_path, command_golden_root).run_dir)
+    return results.scenario_row(run_scenario(s, tmp_path_factory.mktemp("no-relaunch"), command_golden_root), s)
+
+
+# ---- ckpt-chaos ckpts on a [command] run -------------------------------------------------------------
+
+def test_ckpts_lists_a_command_runs_checkpoints_whole_or_torn(no_relaunch, capsys):
+    run_dir = Path(no_relaunch["run_dir"])
     assert cli.main(["ckpts", "--json", str(run_dir)]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows == {
@@ -146,3 +155,32 @@ def test_ckpts_lists_a_command_runs_checkpoints_whole_or_torn(plain_ddp_mid_writ
     assert out[1].split() == ["*", "step_00000004.pt", "complete", "whole", "step", "4", "1", "file(s)", "23149",
                               "bytes"], out
     assert out[2].split()[:2] == ["step_00000008.pt.tmp", "TORN"], out
+
+
+# ---- the timings of a [command] run ------------------------------------------------------------------
+
+def test_a_command_runs_timings_are_measured(plain_ddp_mid_write):
+    row, run_dir = plain_ddp_mid_write.row, plain_ddp_mid_write.run_dir
+    assert row["timings_why"] == {}, row["timings_why"]
+    history = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+    fault = next(h for h in history if h["kind"] == "fault")
+    end = next(h for h in history if h["kind"] == "exit" and h["launch"] == 0)
+    # rank 0 is the one killed, so the job noticed when its launch ended
+    assert row["time_to_detect_s"] == pytest.approx(end["t"] - fault["t"])
+    # back where it was: step 8 trained again by the relaunch
+    steps = [json.loads(x) for x in (run_dir / "trajectory.jsonl").read_text().splitlines()]
+    back = next(r for r in steps if r["attempt"] == 1 and r["step"] == 8)
+    assert row["time_to_recover_s"] == pytest.approx(back["t"] - fault["t"])
+    # each save is whole before the loop goes on, so training waits for all of it
+    assert 0 < row["save_s"] < row["time_to_recover_s"] and row["save_stall_s"] == row["save_s"]
+
+
+def test_a_timing_the_run_does_not_allow_says_why_and_the_report_shows_it(no_relaunch, tmp_path):
+    from ckpt_chaos.report import results
+
+    why = "no launch came after launch 0, which the fault hit"
+    assert no_relaunch["time_to_recover_s"] is None and no_relaunch["timings_why"] == {"time_to_recover_s": why}
+    assert no_relaunch["time_to_detect_s"] > 0 and no_relaunch["save_s"] > 0  # step 4's save, whole
+    html = results.render(tmp_path, "t", [no_relaunch], 1.0, plots=False).read_text()
+    assert f'<td class="num why" title="{why}">&ndash;</td>' in html
+    assert f'<p class="timings">Not measured: <b>recover (s)</b>: {why}</p>' in html

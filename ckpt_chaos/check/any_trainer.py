@@ -41,6 +41,7 @@ from ckpt_chaos.check.verdict import Report, Run
 from ckpt_chaos.check.evidence import Evidence, Resume
 from ckpt_chaos.check.history import Exited, launch_logs, read_jsonl, step_loss
 from ckpt_chaos.check.promises import command_retention, refusal_problems
+from ckpt_chaos.check.timings import command_timings
 from ckpt_chaos.scenario import Scenario
 
 EXACT = ("loss_hex", "lr_hex", "samples", "model_digest", "optimizer_digest")
@@ -66,6 +67,7 @@ def check_run(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str
     _left_whole(run, ev, report)
     command_retention(run, ev, report)
     _config_changes(run, ev, report)
+    command_timings(run, ev, report)
     return report
 
 

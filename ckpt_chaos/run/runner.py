@@ -75,6 +75,7 @@ class Result:
     save_s: float | None = None  # median wall time of a checkpoint save in the chaos run
     save_stall_s: float | None = None  # median time training waited for a save (less than save_s when async)
     resumed_from: list[str] = field(default_factory=list)  # per relaunch: the checkpoint it loaded, or "scratch"
+    timings_why: dict[str, str] = field(default_factory=dict)  # a timing left empty (None) -> why
     wall_s: float = 0.0
     run_dir: str = ""
 
@@ -668,15 +669,19 @@ def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str]
     events = trainer_events(run_dir, "saved")
     saves = [e["total_s"] for e in events if e.get("total_s") is not None]
     stalls = [e["stall_s"] for e in events if e.get("stall_s") is not None]
+    for key, measure, found in (("save_s", "total_s", saves), ("save_stall_s", "stall_s", stalls)):
+        if not found and getattr(report, key) is None:
+            report.timings_why.setdefault(key, f"the trainer reported no save with its {measure} (a saved event in "
+                                               "events.jsonl)")
     # A scenario passes only if every check that applies passed: one that could not tell fails it.
     result = Result(scenario=s.name, verdict="pass" if report.verdict == "pass" else "fail", reason=report.reason,
                   families=s.families,
                   kinds=s.kinds, tags=s.tags, checks=[asdict(c) for c in report.checks],
                   launches=report.launches, steps_lost=report.steps_lost,
                   time_to_detect_s=report.time_to_detect_s, time_to_recover_s=report.time_to_recover_s,
-                  save_s=statistics.median(saves) if saves else None,
-                  save_stall_s=statistics.median(stalls) if stalls else None, resumed_from=report.resumed_from,
-                  run_dir=str(run_dir))
+                  save_s=statistics.median(saves) if saves else report.save_s,
+                  save_stall_s=statistics.median(stalls) if stalls else report.save_stall_s,
+                  resumed_from=report.resumed_from, timings_why=report.timings_why, run_dir=str(run_dir))
     versions = probe_versions(read_history(run_dir))
     if versions is not None:
         result.checks.append(versions)
