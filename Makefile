@@ -130,6 +130,18 @@ COMPAT := $(wildcard examples/*/scenarios)
 chaos-compat: setup
 	$(VENV)/bin/ckpt-chaos run --suite compat $(addprefix --scenarios ,$(COMPAT)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
 
+# The idiom matrix (docs/idioms.md): each way of saving and resuming in examples/idioms/ under every fault
+# that applies to it, held to the verdict examples/idioms/expect.py declares from the idiom's own calls.
+# idioms (nightly): every cell, the table rewritten in IDIOMS_TABLE; idioms-sample: every idiom once and
+# every fault kind once. IDIOMS_JOBS: cells side by side (ckpt-chaos run -n). Runs: build/idioms/.
+IDIOMS_JOBS  ?= 2
+IDIOMS_TABLE ?= docs/idioms.md
+.PHONY: idioms idioms-sample
+idioms: setup
+	$(PY) examples/idioms/matrix.py run -n $(IDIOMS_JOBS) --out build/idioms/full --table $(IDIOMS_TABLE)
+idioms-sample: setup
+	$(PY) examples/idioms/matrix.py run --sample -n $(IDIOMS_JOBS) --out build/idioms/sample
+
 # ckpt-chaos beside another torch release (nightly, not CI): a second venv, $(COMPAT_VENV), holds torch
 # $(COMPAT_TORCH) (the CUDA build on this machine's disk, about 5.5 GB, which runs on the CPU; about 10 GB
 # of disk in all) with the Lightning, Accelerate and transformers releases beside it. The ckpt-chaos wheel

@@ -243,13 +243,16 @@ def run(chosen: list[Cell], out: Path, jobs: int) -> list[dict]:
     cmd = [str(REPO / ".venv" / "bin" / "ckpt-chaos"), "run", *map(str, paths), "--out", str(out / "runs"),
            "-n", str(max(2, jobs)), "--json", "--plots", "none"]
     started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    (out / "ckpt-chaos.log").write_text(proc.stderr)
+    log = out / "ckpt-chaos.log"
+    with open(log, "w") as err:  # its progress, a line a scenario, as it goes
+        proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         rows = {r["scenario"]: r for r in json.loads(proc.stdout)["results"]}
-    except (ValueError, KeyError):
-        raise SystemExit(f"ckpt-chaos run gave no results (exit {proc.returncode}); its log: {out / 'ckpt-chaos.log'}\n"
-                         + proc.stderr[-3000:]) from None
+    except (ValueError, KeyError):  # cut short: the cells that finished left their result.json
+        rows = {p.parent.name: json.loads(p.read_text())
+                for p in (out / "runs").glob("reports/*/*/idiom--*/result.json")}
+        if not rows:
+            raise SystemExit(f"ckpt-chaos run gave no results (exit {proc.returncode}); its log: {log}") from None
     lines = [judge(c, rows.get(c.name, {"harness_error": "no row"})) for c in chosen]
     (out / "matrix.json").write_text(json.dumps({"wall_s": round(time.monotonic() - started, 1), "cells": lines},
                                                 indent=1))
@@ -273,6 +276,23 @@ def cell_text(line: dict) -> str:
     return f"| `{line['idiom']}` | `{line['fault']}` | {exp} | {got} | {mark} | {detail} |"
 
 
+def corpus() -> list[str]:
+    rows = ["| idiom | trainer | switches (besides the defaults) | broken |", "|---|---|---|---|"]
+    plain = Idiom().argv()
+    for i in IDIOMS:
+        argv = i.argv()
+        shown = [f"{argv[n]} {argv[n + 1]}" for n in range(0, len(argv) - 1, 2)
+                 if i.trainer == "train.py" and argv[n:n + 2] != plain[n:n + 2]] or argv
+        rows.append(f"| `{i.name}` | `{i.trainer}` | `{' '.join(shown) or '(none)'}`"
+                    + (f" (TMPDIR {'on another file system' if i.tmpdir == 'other_fs' else 'beside the checkpoints'})"
+                       if i.trainer == "fabric_train.py" else "") + f" | {i.broken or 'no'} |")
+    return rows
+
+
+def faults_table() -> list[str]:
+    return ["| fault | what |", "|---|---|"] + [f"| `{k}` | {v} |" for k, v in expect.FAULT_KINDS.items()]
+
+
 def table(lines: list[dict]) -> str:
     ran = {(x["idiom"], x["fault"]) for x in lines}
     rows = ["| idiom | fault | expected | got | | cause (the first failing check's detail) |", "|---|---|---|---|---|---|"]
@@ -284,7 +304,8 @@ def table(lines: list[dict]) -> str:
     rest = ["", f"Not run in the results this table was made from ({len(pending)}): expected verdicts only.", "",
             "| idiom | fault | expected | why |", "|---|---|---|---|"]
     rest += [f"| `{c.idiom.name}` | `{c.fault.name}` | {c.expected.verdict} | {c.expected.why} |" for c in pending]
-    return "\n".join([BEGIN, "", head, "", *rows, *(rest if pending else []), "", END])
+    return "\n".join([BEGIN, "", "### The idioms", "", *corpus(), "", "### The faults", "", *faults_table(), "",
+                      "### The matrix", "", head, "", *rows, *(rest if pending else []), "", END])
 
 
 def write_table(doc: Path, lines: list[dict]) -> None:
