@@ -256,11 +256,21 @@ def validate(s: Scenario) -> None:
         if f.attempt > s.recovery.max_restarts:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
+    _check_order(s)
     _check_changes(s)
     if s.command is None and (s.trainer_module == "reference_trainer" or s.trainer_module.startswith("tests.planted.")):
         _check_trainer_table(src, "trainer", s.trainer, s)
         for i, change in enumerate(s.recovery.changes):
             _check_trainer_table(src, f"recovery.changes[{i}]", {**s.trainer, **change}, s, change)
+
+
+def _check_order(s: Scenario) -> None:
+    """``when.after`` names a fault that can fire before this one, and no two faults of a launch race:
+    fire on different processes' events with no order declared (``ckpt_chaos/order.py``)."""
+    from ckpt_chaos import order
+
+    for key, problem, fix in order.problems(s) + order.race_problems(s):
+        raise _error(s.source, key, problem, fix)
 
 
 def _check_trainer_table(src: str, key: str, table: dict[str, Any], s: Scenario,

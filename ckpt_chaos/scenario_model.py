@@ -80,6 +80,9 @@ class Trigger:
     """The checkpoint being saved or loaded has this name."""
     path: str | None = None
     """Points that carry a path (PATH_POINTS): a glob over paths relative to the run directory."""
+    after: int | None = None
+    """The index of a fault this one waits for: its trigger, once matched, holds the process at its point
+    until that fault has fired (``ckpt_chaos/order.py``)."""
 
     @property
     def external(self) -> bool:

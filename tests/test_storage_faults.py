@@ -558,6 +558,7 @@ point = "ckpt.stage"
 rank = 0
 nth = 1
 name = "step_00000002"
+after = 0
 
 [trainer]
 max_steps = 8

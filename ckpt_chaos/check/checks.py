@@ -69,6 +69,17 @@ def _faults_fired(run: Run, report: Report) -> None:
         if i in fired:
             report.add("fired", True, fault=i, detail=f"{f.kind} {f.target} fired at {t}")
             continue
+        from ckpt_chaos.check.history import Held
+
+        held = next((h for h in run.records(Held) if h.index == i), None)
+        if held is not None:
+            # the order the scenario declared did not come about: nothing of the fault's story happened
+            who = "the uploader" if held.at["point"].startswith("upload.") else f"rank {held.at['rank']}"
+            report.add("fired", "unknown", fault=i, detail=
+                       f"{f.kind} {f.target} never fired: its trigger matched {held.at['point']} of {who} in launch "
+                       f"{held.launch}, where it waited {held.held_s:.1f}s for fault {held.after} (when.after) and was let go: "
+                       f"{held.why}; nothing of its effect can be checked")
+            continue
         ender = next((h for h in run.faults() if h.launch == f.attempt and run.s.faults[h.index].spec.ends_launch),
                      None)
         if ender is not None:
