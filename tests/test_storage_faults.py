@@ -300,12 +300,13 @@ def test_faultfs_reports_every_call_of_a_job_process_with_its_rank_and_path(tmp_
         (st.ckpt / "mine").write_bytes(b"x" * (2 << 20))
     seen = [(e["point"], e["info"]["path"], e["info"].get("bytes"), e["rank"]) for e in events]
     # without a plan (a fault-free run) a write is reported at each MiB it reaches
-    assert seen == [("faultfs.write", "checkpoints/w.bin", 1 << 20, 1),
+    assert seen == [("faultfs.truncate", "checkpoints/w.bin", None, 1),  # created: empty, before its first byte
+                    ("faultfs.write", "checkpoints/w.bin", 1 << 20, 1),
                     ("faultfs.fsync", "checkpoints/w.bin", None, 1),
                     ("faultfs.done", "checkpoints/w.bin", 1 << 20, 1),
                     ("faultfs.rename", "checkpoints/w.bin.final", None, 1),
                     ("faultfs.remove", "checkpoints/w.bin.final", None, 1)], seen
-    assert events[3]["info"]["src"] == "checkpoints/w.bin"
+    assert events[4]["info"]["src"] == "checkpoints/w.bin"
     assert all(e["info"]["source"] == "faultfs" for e in events)
 
 

@@ -226,6 +226,8 @@ def golden_key(s: Scenario) -> str:
     files = [(p, Path(tree or ".") / p) for p in _key_files(s, tree)]
     # the layer's code shapes the records too (every module of it), and follow.py the plan made of them
     layer = sorted(Path(auto.__file__).parent.glob("auto*.py")) + [Path(follow.__file__)]
+    if uses_faultfs(s):  # and faultfs's, whose points the golden run records for a trigger's plan and aim
+        layer += [Path(__file__).parents[1] / "env" / n for n in ("faultfs.py", "faultfs_probe.py")]
     for name, p in files + [(m, m) for m in layer]:
         h.update(str(name).encode())
         h.update(p.read_bytes())
