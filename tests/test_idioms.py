@@ -7,6 +7,7 @@ idioms and faults the corpus does not name."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -169,8 +170,6 @@ ROUND_TRIP = textwrap.dedent("""
 
 
 def test_every_idiom_of_the_trainer_restores_what_it_saved(tmp_path):
-    import random
-
     # the corpus, and a fixed draw of the other switch sets (the model-based test may draw any of them)
     chosen = [i for i in idioms.IDIOMS if i.trainer == "train.py"] + random.Random(57).sample(switch_sets(), 60)
     specs = [",".join([i.writer, i.commit, i.layout, i.sidecar, i.pointer, i.thread, i.resume, i.reader or ""])
@@ -239,6 +238,9 @@ def switch_sets() -> list[Idiom]:
 
 
 SWITCH_SETS = switch_sets()
+# in a fixed shuffled order: the example Hypothesis draws first (the first of the list, where it
+# starts) is then one fixed idiom of the thousand, not the corpus's first
+DRAW_ORDER = random.Random(57).sample(SWITCH_SETS, len(SWITCH_SETS))
 
 
 def test_the_model_declares_a_verdict_for_every_switch_set_and_fault():
@@ -261,7 +263,7 @@ def test_the_judge_agrees_with_the_model_on_drawn_idioms(tmp_path_factory, golde
               suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def agrees(data):
-        i = data.draw(st.sampled_from(SWITCH_SETS), label="idiom")
+        i = data.draw(st.sampled_from(DRAW_ORDER), label="idiom")
         f = data.draw(st.sampled_from(expect.faults(i)), label="fault")
         check_cell(matrix.Cell(i, f), tmp_path_factory.mktemp("drawn"), golden_root)
 
