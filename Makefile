@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 # and the clients (sbatch, srun, scontrol) for the private Slurm cluster, munged where its build
 # lacks auth/none.
 SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io nftables iproute2 util-linux chromium \
-                   slurm-wlm munge
+                   slurm-wlm munge stress-ng
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
 .PHONY: setup test chaos chaos-examples chaos-compat compat bench coverage mutation clean

@@ -4,9 +4,8 @@ waits for has fired, so no verdict depends on which process is quicker (docs/sce
 
 from __future__ import annotations
 
-import json
 import textwrap
-import time
+from pathlib import Path
 
 import pytest
 
@@ -249,3 +248,72 @@ def test_a_racing_schedule_of_the_search_gets_its_storys_order():
     alone = build([Fault(kind="kill", target="all", when=Trigger(point="step.end", rank=0, step=6))],
                   "reference_trainer")
     assert alone.faults[0].when.after is None
+
+
+HELD = """
+description = "rank 1's shard of the step-4 save gets a flipped byte once closed; rank 0, part-way through its own shard, is killed only after that (after = 0), however quick either rank is"
+world_size = 2
+[trainer]
+max_steps = 12
+ckpt_every_steps = 4
+dataset_size = 96
+global_batch = 16
+grad_accum = 2
+
+[[faults]]
+kind = "corrupt"
+corruption = "flip"
+file = "__1_0.distcp"
+checkpoint = "in_progress"
+when = { point = "ckpt.shard.done", rank = 1, save = 1 }
+
+[[faults]]
+kind = "kill"
+target = "all"
+when = { point = "ckpt.shard.write", rank = 0, save = 1, min_fraction = 0.1, after = 0 }
+
+[recovery]
+relaunch = "none"
+"""
+
+
+@pytest.mark.slow
+def test_after_holds_the_later_trigger_until_the_earlier_fault_fired_on_a_loaded_machine(tmp_path, golden_root):
+    """Both ranks write their shards of the first save at once; rank 0 mostly reaches a tenth of its
+    shard before rank 1 has closed its own, so without an order the kill would come first and the
+    flip never. With after = 0 rank 0 waits at its tenth while rank 1 finishes: the flip fires first,
+    then the kill on rank 0's held event, rank 0 having gone no further. Under a CPU hog from
+    stress-ng where it is installed (the Makefile installs it): one core's worth, as other tests run
+    beside this one."""
+    from ckpt_chaos.check.history import FaultFired, ProbeEvent, read_history
+    from ckpt_chaos.run import load as background
+    from ckpt_chaos.run.runner import run_scenario
+
+    path = tmp_path / "held.toml"
+    path.write_text(HELD)
+    s = load(path)
+    if background.missing():
+        print(f"no background load: {background.missing()}")
+        r = run_scenario(s, tmp_path / "runs", golden_root)
+    else:
+        with background.Load("cpu", tmp_path / "load", cores=1):
+            r = run_scenario(s, tmp_path / "runs", golden_root)
+    history = read_history(Path(r.run_dir))
+    fired = {h.index: (n, h) for n, h in enumerate(history) if isinstance(h, FaultFired)}
+    assert sorted(fired) == [0, 1], (r.reason, r.checks)
+    (n0, flip), (n1, kill) = fired[0], fired[1]
+    assert n0 < n1 and flip.t <= kill.t
+    assert kill.at["point"] == "ckpt.shard.write" and kill.at["rank"] == 0
+    assert 0.1 <= kill.at["info"]["fraction"] < 1.0, kill.at
+    # rank 0 sent nothing between its held event and the kill: it waited there
+    rank0 = [n for n, h in enumerate(history) if isinstance(h, ProbeEvent) and h.rank == 0 and h.role == "rank"
+             and h.point == "ckpt.shard.write" and h.info == kill.at["info"]]
+    assert rank0 and not [h for h in history[rank0[-1] + 1:n1] if isinstance(h, ProbeEvent) and h.rank == 0
+                          and h.role == "rank"]
+    done1 = [n for n, h in enumerate(history) if isinstance(h, ProbeEvent) and h.rank == 1
+             and h.point == "ckpt.shard.done"]
+    assert done1 and done1[0] < n0
+    # held exactly when rank 0 got there first, and then for as long as rank 1 took to finish
+    assert ("held_s" in kill.detail) == (rank0[-1] < done1[0]), kill.detail
+    checks = {c["name"]: c["verdict"] for c in r.checks}
+    assert checks["fault_0_fired"] == checks["fault_1_fired"] == "pass", r.checks
