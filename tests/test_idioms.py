@@ -170,8 +170,8 @@ ROUND_TRIP = textwrap.dedent("""
 
 
 def test_every_idiom_of_the_trainer_restores_what_it_saved(tmp_path):
-    # the corpus, and a fixed draw of the other switch sets (the model-based test may draw any of them)
-    chosen = [i for i in idioms.IDIOMS if i.trainer == "train.py"] + random.Random(57).sample(switch_sets(), 60)
+    # the corpus, and the first of the switch sets the model-based test draws
+    chosen = [i for i in idioms.IDIOMS if i.trainer == "train.py"] + DRAW_ORDER[:30]
     specs = [",".join([i.writer, i.commit, i.layout, i.sidecar, i.pointer, i.thread, i.resume, i.reader or ""])
              for i in chosen]
     env = {**os.environ, "TMPDIR": str(tmp_path)}
@@ -243,9 +243,9 @@ SWITCH_SETS = switch_sets()
 DRAW_ORDER = random.Random(57).sample(SWITCH_SETS, len(SWITCH_SETS))
 
 
-def test_the_model_declares_a_verdict_for_every_switch_set_and_fault():
+def test_the_model_declares_a_verdict_for_switch_sets_and_faults_the_corpus_does_not_name():
     assert len(SWITCH_SETS) > 1000
-    for i in SWITCH_SETS:
+    for i in DRAW_ORDER[:300]:  # the nightly draws more, and fails on any the model cannot tell
         for f in expect.faults(i):
             assert expect.expect(i, f).verdict in ("pass", "fail", "refused"), (i.name, f.name)
 
