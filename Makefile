@@ -191,17 +191,17 @@ bench: setup
 
 # Mutation score of the reference trainer's checkpoint path under the default suite (nightly, hours;
 # docs/mutation.md). A sample: MUTATION_FLAGS="--files reference_trainer/checkpoint.py --limit 40".
-# MUTATION_OPERATORS: core (cosmic-ray's own), checkpoint (ckpt_chaos/mutation_operators.py) or all.
+# MUTATION_OPERATORS: core (cosmic-ray's own), checkpoint (ckpt_chaos/mutation/operators.py) or all.
 # An example's own train.py under its own scenarios: MUTATION_FLAGS="--example plain_ddp".
 MUTATION_FLAGS ?=
 MUTATION_OPERATORS ?= core
 mutation: setup
-	$(PY) benchmarks/mutation.py --operators $(MUTATION_OPERATORS) $(MUTATION_FLAGS)
+	$(PY) -m ckpt_chaos.mutation --operators $(MUTATION_OPERATORS) $(MUTATION_FLAGS)
 
 # The checkpoint operators only: results in benchmarks/results/mutation-checkpoint.md.
 .PHONY: mutation-checkpoint
 mutation-checkpoint: setup
-	$(PY) benchmarks/mutation.py --operators checkpoint $(MUTATION_FLAGS)
+	$(PY) -m ckpt_chaos.mutation --operators checkpoint $(MUTATION_FLAGS)
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) runs .pytest_cache build *.egg-info
