@@ -301,11 +301,17 @@ def table(lines: list[dict]) -> str:
     agree = sum(x["agree"] for x in lines)
     head = (f"{len(lines)} of {len(lines) + len(pending)} cells run: {agree} as expected, "
             f"{len(lines) - agree} disagreeing with the expected verdict.")
+    bad = [x for x in sorted(lines, key=lambda x: (x["idiom"], x["fault"])) if not x["agree"]]
+    disagree = ["", "Cells where the harness disagrees with the expected verdict:", ""] + [
+        f"* `{x['idiom']}` under `{x['fault']}`: expected {x['expected']}"
+        + (f" ({', '.join(x['expected_checks'])})" if x["expected_checks"] else "")
+        + f", because {x['why']}; got {x['got']}" + (f", {x['first_failing']}: {x['detail']}" if x["detail"] else "")
+        for x in bad] if bad else []
     rest = ["", f"Not run in the results this table was made from ({len(pending)}): expected verdicts only.", "",
             "| idiom | fault | expected | why |", "|---|---|---|---|"]
     rest += [f"| `{c.idiom.name}` | `{c.fault.name}` | {c.expected.verdict} | {c.expected.why} |" for c in pending]
     return "\n".join([BEGIN, "", "### The idioms", "", *corpus(), "", "### The faults", "", *faults_table(), "",
-                      "### The matrix", "", head, "", *rows, *(rest if pending else []), "", END])
+                      "### The matrix", "", head, *disagree, "", *rows, *(rest if pending else []), "", END])
 
 
 def write_table(doc: Path, lines: list[dict]) -> None:

@@ -119,8 +119,9 @@ def write_small(path: Path, payload: bytes, commit: str) -> None:
 def write_checkpoint(args, step: int, state: dict, rank: int, world: int) -> None:
     ext, name, top = EXT[args.writer], f"step_{step}", args.ckpt_dir
     pointer = "atomic" if args.pointer == "before_data" else args.pointer
-    # the entry it names, padded: every save's pointer has the same length (24 bytes)
-    payload = f"{name + '.' + ext if args.layout == 'file' else name:<23}\n".encode()
+    # the entry it names, right-aligned in 24 bytes: every save's pointer has the same length, and one
+    # cut short holds blanks, as one truncated and not yet written does
+    payload = f"{name + '.' + ext if args.layout == 'file' else name:>23}\n".encode()
     if args.pointer == "before_data" and rank == 0:
         write_small(top / "latest", payload, pointer)
     if args.layout == "file":
