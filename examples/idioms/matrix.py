@@ -57,9 +57,12 @@ class Cell:
 
 
 def cells(select: str = "") -> list[Cell]:
-    words = select.split()
+    """The cells whose idiom and fault names hold every word of ``select``; alternatives apart with ``|``."""
     out = [Cell(i, f) for i in IDIOMS for f in expect.faults(i)]
-    return [c for c in out if all(w in f"{c.idiom.name} {c.fault.name}" for w in words)]
+    if not select:
+        return out
+    return [c for c in out if any(all(w in f"{c.idiom.name} {c.fault.name}" for w in alt.split())
+                                  for alt in select.split("|"))]
 
 
 def sample(all_cells: list[Cell]) -> list[Cell]:
@@ -327,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("list", "write", "run"):
         s = sub.add_parser(name)
         s.add_argument("--sample", action="store_true")
-        s.add_argument("-k", default="", help="words every chosen cell's idiom and fault names hold")
+        s.add_argument("-k", default="", help="words every chosen cell's idiom and fault names hold; "
+                                              "alternatives apart with |")
         if name == "write":
             s.add_argument("folder", type=Path)
         if name == "run":
