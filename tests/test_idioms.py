@@ -183,10 +183,10 @@ def test_every_idiom_of_the_trainer_restores_what_it_saved(tmp_path):
 
 # ---- cells through the harness ---------------------------------------------------------------------------
 
-# make test's share: a correct idiom the golden run sees through faultfs renames (the false alarm of a
-# write -> fsync -> close -> rename inside a checkpoint folder) and a broken one whose cause is named
-SMOKE = [("bytesio_os_write/tmp_fsync_rename/per_rank_files+pointer_atomic/pointer", "kill_faultfs_write:step_8/rank1.pt"),
-         ("torch_save/tmp_fsync_rename/rank0_file/string_max", "term_rank1")]
+# make test's share (with the model-based test's one example): a correct idiom whose golden run sees its
+# renames only through faultfs, a write -> fsync -> close -> rename inside a checkpoint folder, which
+# the judge once took for a checkpoint missing its files; the sample (nightly) has the rest
+SMOKE = [("bytesio_os_write/tmp_fsync_rename/per_rank_files+pointer_atomic/pointer", "kill_faultfs_write:step_8/rank1.pt")]
 
 
 def check_cell(c: matrix.Cell, tmp_path, golden_root) -> None:
