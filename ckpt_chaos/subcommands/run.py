@@ -91,9 +91,9 @@ def _background_load(args: argparse.Namespace, out: Path, console):
         return
     from ckpt_chaos.run import load
 
-    with load.Load(args.load, out / ".load") as running:
-        console.print(f"background load ({args.load}): {' '.join(load.argv(args.load, out / '.load'))} "
-                      f"(pid {running.proc.pid}), stopped with the run")
+    with load.Load(args.load, out) as running:
+        console.print(f"background load ({args.load}): {' '.join(running.proc.args)} (pid {running.proc.pid}), "
+                      "stopped with the run")
         yield
 
 
