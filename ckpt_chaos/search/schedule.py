@@ -21,7 +21,7 @@ from ckpt_chaos.scenario import Expect, Fault, Recovery, Remote, Scenario, Stora
 __all__ = ["CORRUPT_FILES", "DISK_FULL_PLACES", "ERRNO_SITES", "RANK0_POINTS", "RECOVERY_POINTS", "SAVE_POINTS",
            "STEP_POINTS", "TRAINER", "WORLD_SIZE", "errno_site", "position", "save_step"]
 
-MAX_LAUNCHES = 2  # launch-ending faults per schedule: each relaunch costs 2-4 s here, a hang 8 s more
+MAX_LAUNCHES = 2  # launch-ending faults per schedule: each relaunch costs 2-4 s on 2 cores, a hang 8 s more
 # Not a fault: every relaunch comes back on fewer ranks (a node lost for good). A family of the search's
 # own, off by default: the trajectory is then compared within a tolerance, and the default search stays
 # as it was.
