@@ -5,6 +5,7 @@ waits for has fired, so no verdict depends on which process is quicker (docs/sce
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,98 @@ def test_after_holds_the_later_trigger_until_the_earlier_fault_fired_on_a_loaded
     assert ("held_s" in kill.detail) == (rank0[-1] < done1[0]), kill.detail
     checks = {c["name"]: c["verdict"] for c in r.checks}
     assert checks["fault_0_fired"] == checks["fault_1_fired"] == "pass", r.checks
+
+
+def _holds(tmp_path, idle_s: float = 30.0):
+    from ckpt_chaos.check.history import History
+    from ckpt_chaos.run.triggers import Holds
+
+    g = Generator([Fault(kind="stop", target="all", when=Trigger(point="step.end", rank=0, step=9)),
+                   Fault(kind="kill", target="all", when=Trigger(point="upload.durable", after=0))])
+    return g, Holds(g, History(tmp_path / "history.jsonl"), idle_s=idle_s)
+
+
+def test_a_held_sender_is_answered_once_the_fault_it_waits_for_fires_in_another_thread(tmp_path):
+    """The runner's two threads as they run: the uploader's connection waits in ``Holds.wait`` while
+    rank 0's connection, under the same lock, fires the stop; then the kill fires on the held event."""
+    import threading
+
+    g, holds = _holds(tmp_path)
+    lock, fired, answers = threading.Lock(), [], []
+    durable = event("upload.durable", role="uploader", name="step_00000008")
+
+    def fire(i, fault, held_s):
+        fired.append((i, held_s))
+        holds.changed()
+        return {"do": "continue", "fault": i}
+
+    def uploader():
+        with lock:
+            assert g.observe(durable) == []
+        answers.append(holds.wait(durable, lock, fire))
+
+    t = threading.Thread(target=uploader)
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive() and fired == []  # held: no answer yet
+    stop = event("step.end", step=9)
+    holds.heard(stop)
+    with lock:
+        for i, fault in g.observe(stop):
+            fire(i, fault, None)
+    t.join(5)
+    assert not t.is_alive()
+    assert [i for i, _ in fired] == [0, 1] and fired[1][1] >= 0.3
+    assert answers == [{"do": "continue", "fault": 1}] and g.fired[1] is durable
+
+
+@pytest.mark.parametrize("end, why", [
+    ("launch", "launch 0 ended before fault 0 fired"),
+    ("silence", "no process reported anything for 0 s while it was held"),
+])
+def test_a_hold_that_cannot_end_in_its_fault_is_let_go_and_recorded(tmp_path, end, why):
+    """Nothing waits for ever: the launch's end, or a run where no process says anything (the held one
+    is what the earlier trigger needs), lets the sender go without the fault, and says so."""
+    import threading
+
+    from ckpt_chaos.check.history import Held, read_history
+
+    g, holds = _holds(tmp_path, idle_s=0.2 if end == "silence" else 30.0)
+    durable = event("upload.durable", role="uploader", name="step_00000008")
+    lock = threading.Lock()
+    g.observe(durable)
+    holds.heard(durable)
+    if end == "launch":
+        threading.Timer(0.2, holds.launch_over, args=(0,)).start()
+    started = time.monotonic()
+    assert holds.wait(durable, lock, lambda *a: pytest.fail("the fault fired")) is None
+    assert time.monotonic() - started < 5
+    (held,) = [h for h in read_history(tmp_path) if isinstance(h, Held)]
+    assert (held.index, held.after, held.launch, held.at["point"]) == (1, 0, 0, "upload.durable")
+    assert held.why.startswith(why) and held.held_s >= 0.2
+    assert g.given_up == {1: held.why} and 1 not in g.fired
+
+
+def test_a_fault_whose_hold_was_let_go_is_unknown_saying_what_it_waited_for(tmp_path):
+    from ckpt_chaos.check.checks import _faults_fired
+    from ckpt_chaos.check.history import Exited, FaultFired, Held
+    from ckpt_chaos.check.verdict import Report, Run
+
+    s = load(builtin_scenarios() / "remote" / "local-rot-then-durable-copy-restored.toml")
+    at = {"point": "upload.durable", "rank": 0, "info": {"name": "step_00000008"}}
+    history = [Held(index=i, launch=0, after=0, at=at, held_s=31.5, why="launch 0 ended before fault 0 fired")
+               for i in (1, 2)] + [Exited(launch=0, rc=1, snapshot={})]
+    report = Report()
+    _faults_fired(Run(s, tmp_path, tmp_path, history, []), report)
+    verdicts = [(c.verdict, c.detail) for c in report.checks]
+    assert [v for v, _ in verdicts] == ["unknown"] * 3
+    assert verdicts[1][1] == ("corrupt triggering never fired: its trigger matched upload.durable of the uploader in "
+                              "launch 0, where it waited 31.5s for fault 0 (when.after) and was let go: launch 0 "
+                              "ended before fault 0 fired; nothing of its effect can be checked")
+    # the stop itself: no event matched it, the scenario's own, named as such
+    assert "the scenario did not exercise what it states" in verdicts[0][1]
+    fired = [FaultFired(index=0, fault="stop", target="all", launch=0, t=1.0,
+                        at={"point": "step.end", "rank": 0, "info": {"step": 9}})]
+    report = Report()
+    _faults_fired(Run(s, tmp_path, tmp_path, fired + history, []), report)
+    assert [c.verdict for c in report.checks] == ["pass", "unknown", "unknown"]
