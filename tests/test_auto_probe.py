@@ -362,3 +362,32 @@ def test_a_watched_file_reaches_the_disk_in_the_writes_it_would_without_the_laye
         if "fraction" in e["info"]:
             tenths.setdefault(e["info"]["path"], []).append(e["info"]["fraction"])
     assert tenths == {"ckpt/one.bin": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}, tenths
+
+
+WARM_UP = r"""
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+get_state_dict(model, opt)  # a state dict built up front: a zero-lr step creates AdamW's state
+for _ in range(3):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+sched_opt = torch.optim.SGD(model.parameters(), lr=0.0)  # a schedule that starts at zero trains all the same
+model(torch.randn(2, 4)).sum().backward()
+sched_opt.step()
+"""
+
+
+def test_the_step_that_only_creates_the_optimizers_state_is_no_step(tmp_path):
+    rec = Recorder()
+    with ProbeServer(rec) as server:
+        env = {**os.environ, "RANK": "0", **auto.environment(server.address, tmp_path, [tmp_path / "ckpt"],
+                                                             pythonpath=str(REPO))}
+        out = subprocess.run([sys.executable, "-c", WARM_UP], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # AdamW's own count is 2..4 after the warm-up step: numbered as the training steps they are
+    assert [e["info"]["step"] for e in rec.points("step.end")] == [1, 2, 3, 1]
+    assert [r["step"] for r in read_jsonl(tmp_path / "trajectory.jsonl")] == [1, 2, 3, 1]

@@ -6,6 +6,11 @@ from what the trainer's code does:
   rename; rank 0 then replaces ``latest``): a correct atomic save. A ``file.write`` trigger aimed at
   the final name fires on the temporary file's ``os.write`` calls, the kill lands at exactly half of
   its bytes, and the relaunch resumes from ``global_step4`` bit for bit: every check passes.
+* ``dcp_get_state_dict.py`` resumes in torchtitan's idiom (``get_state_dict`` → ``dcp.load`` →
+  ``set_state_dict``, saves with ``dcp.async_save``); ``get_state_dict`` first steps the fresh
+  optimizer at a zero learning rate to create its state. Killed as step 12's save starts, the job
+  resumes from ``step_8`` (the newest whole one: the trainer awaits step 8's save before starting
+  step 12's) and trains steps 9..12 again, bit for bit: every check passes, 4 steps lost.
 """
 
 from __future__ import annotations
@@ -63,3 +68,24 @@ when = {{ point = "file.write", rank = 1, path = "{final}", min_fraction = 0.5 }
     whole = (run_dir / final).stat().st_size  # written again by the relaunch, whole
     torn = run_dir / last["path"]
     assert torn.name.startswith(".rank1_state.pt.tmp") and torn.stat().st_size == last["bytes"] == -(-whole // 2)
+
+
+def test_a_resume_through_dcps_state_dict_helpers_is_numbered_from_the_checkpoint(tmp_path, command_golden_root):
+    s = scenario(tmp_path, "dcp_get_state_dict.py", """complete = "step_*/.metadata"
+save_every = 4
+[[faults]]
+kind = "kill"
+target = "all"
+when = { point = "ckpt.stage", rank = 0, name = "step_12" }
+""")
+    r = run_scenario(s, tmp_path / "out", command_golden_root)
+    c = checks(r)
+    assert r.verdict == "pass", r.checks
+    assert c["resumed_newest@1"] == ("pass", "it loaded checkpoints/step_8, the newest complete checkpoint "
+                                             "(its dcp.load)"), c
+    assert c["lost_work@1"] == ("pass", "4 step(s) trained again, at most 4 allowed"), c
+    assert c["trajectory"][1].startswith("12 steps identical to the golden run, bit for bit"), c
+    # the zero-learning-rate step get_state_dict takes before the load is no step of the trajectory
+    relaunch = [x["step"] for x in read_jsonl(Path(r.run_dir) / "trajectory.jsonl") if x["attempt"] == 1]
+    assert relaunch == [9, 10, 11, 12], relaunch
+

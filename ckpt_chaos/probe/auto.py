@@ -12,6 +12,9 @@ for the reference trainer):
 
 * ``step.begin`` / ``step.end`` from the optimizer's global step hooks, numbered by the optimizer's
   own ``state[p]["step"]`` (so a resumed run counts on from where its checkpoint was), else counted;
+  a step that only creates the optimizer's state (DCP's ``get_state_dict`` before a load: zero
+  learning rate, no backward) is no step, and its increment of the count is taken off until a load
+  replaces the state; the checks hold the numbering to the trainer's own (``check/evidence.py``);
   ``microstep.end`` after each backward;
 * ``ckpt.stage`` when a save starts (``torch.distributed.checkpoint.save``, ``torch.save`` into a
   watched directory), ``load.begin`` / ``load.end`` around ``dcp.load`` and ``torch.load`` of a

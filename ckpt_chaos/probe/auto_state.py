@@ -71,6 +71,10 @@ class _State:
         self.streams: dict = {}
         # the recorder
         self.step_of: dict[int, int] = {}  # id(optimizer) -> steps counted
+        self.warming: set[int] = set()  # id(optimizer) of a step that only creates its state
+        self.bias: dict[int, int] = {}  # id(optimizer) -> warm-up steps its count holds since its last load
+        self.count_after: dict[int, int | None] = {}  # id(optimizer) -> its own count after its last step
+        self.backwards = 0  # backwards since the last optimizer step
         self.losses: list[str] = []
         self.samples: list = []  # ids of the batches this step's backwards trained on
         self.batch = None  # ids of the batch a data loader delivered last
