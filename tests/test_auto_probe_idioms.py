@@ -11,6 +11,12 @@ from what the trainer's code does:
   optimizer at a zero learning rate to create its state. Killed as step 12's save starts, the job
   resumes from ``step_8`` (the newest whole one: the trainer awaits step 8's save before starting
   step 12's) and trains steps 9..12 again, bit for bit: every check passes, 4 steps lost.
+* ``async_uncopied.py`` hands the live ``state_dict()``s to a writer thread that writes after the
+  next step: ``step_0008.pt`` records step 8 beside the model and Adam's state of step 9 or later.
+  Killed as step 13 begins (step 12's file not yet written), the job resumes from it at step 9 by its
+  own counter and data position: the trajectory fails at step 9, naming the model and optimizer state
+  (the torch RNG, which the trainer never draws from, is the golden run's), with 4 steps trained
+  again, although Adam's count says the relaunch began later.
 """
 
 from __future__ import annotations
@@ -88,4 +94,28 @@ when = { point = "ckpt.stage", rank = 0, name = "step_12" }
     # the zero-learning-rate step get_state_dict takes before the load is no step of the trajectory
     relaunch = [x["step"] for x in read_jsonl(Path(r.run_dir) / "trajectory.jsonl") if x["attempt"] == 1]
     assert relaunch == [9, 10, 11, 12], relaunch
+
+
+def test_state_handed_uncopied_to_a_writer_thread_is_caught_at_the_step_it_diverges(tmp_path, command_golden_root):
+    s = scenario(tmp_path, "async_uncopied.py", """complete = "step_*.pt"
+save_every = 4
+digest_every = 4
+[[faults]]
+kind = "kill"
+target = "all"
+when = { point = "step.begin", rank = 0, step = 13 }
+""")
+    r = run_scenario(s, tmp_path / "out", command_golden_root)
+    c = checks(r)
+    assert r.verdict == "fail", r.checks
+    assert c["resumed_newest@1"][0] == "pass" and "checkpoints/step_0008.pt" in c["resumed_newest@1"][1], c
+    assert c["lost_work@1"] == ("pass", "4 step(s) trained again, at most 4 allowed"), c
+    verdict, detail = c["trajectory"]
+    assert verdict == "fail", c
+    assert detail.startswith("trajectory diverges at step 9 (loss_hex); it is the first step after resuming from "
+                             "checkpoints/step_0008.pt (launch 1), where the optimizer's own step count went on "
+                             "from "), detail
+    assert ("while its name and the samples it trained on say it resumed after step 8 (its steps are compared as "
+            "steps 9..): the optimizer state it loaded is that of a later step than the checkpoint's; the model, "
+            "optimizer state it resumed with differs from the golden run's at step 9 (torch RNG identical)") in detail
 

@@ -11,9 +11,10 @@ The sources, most precise first:
   root, through fanotify (``files.jsonl``), which sees every reader, native ones (safetensors, mmap,
   C++) included. Where several checkpoints were read (a trainer that looks at each before choosing),
   the one with the most bytes read from is the one it resumed from, the later one on a tie;
-* the trajectory: the step a launch began at is the optimizer's own count, so a launch that began at
-  step s resumed the state of step s-1, which a checkpoint written right after step s-1 holds; a
-  launch that began at step 1 with the golden run's first loss started from the initial model.
+* the trajectory: the step a launch began at is the optimizer's own count (held to the trainer's
+  own where they differ: ``Evidence.numbering``), so a launch that began at step s resumed the state
+  of step s-1, which a checkpoint written right after step s-1 holds; a launch that began at step 1
+  with the golden run's first loss started from the initial model.
 
 Where none of them decides, the answer is undecided and says what was missing: a check turns that
 into ``unknown``, never into ``fail``.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
 from ckpt_chaos.check.history import read_jsonl, trajectory_records
@@ -69,6 +71,32 @@ def _within(path: str, entry: str) -> bool:
     return path == entry or path.startswith(entry.rstrip("/") + "/")
 
 
+# a step in a checkpoint's name: step_8, global_step8, epoch=0-step=8, iter_0000008, HF's checkpoint-8
+# (not Accelerate's checkpoint_N, which counts saves)
+STEP_IN_NAME = re.compile(r"(?:step|iter)[_=-]?(\d+)|checkpoint-(\d+)", re.IGNORECASE)
+
+
+def step_in_name(checkpoint: str) -> int | None:
+    """The step a checkpoint's name records (the last one it names), or None."""
+    found = list(STEP_IN_NAME.finditer(checkpoint.rsplit("/", 1)[-1]))
+    return int(found[-1].group(1) or found[-1].group(2)) if found else None
+
+
+def _basis(by_samples: int | None) -> str:
+    return "its name and the samples it trained on" if by_samples is not None else "its name"
+
+
+@dataclass(frozen=True)
+class Numbering:
+    """A launch's numbering: ``offset`` added to its recorded steps; where not 0, ``recorded`` (its
+    first step as the optimizer's count said), ``first`` (as the job's) and ``basis`` (what said so)."""
+
+    offset: int
+    recorded: int | None = None
+    first: int | None = None
+    basis: str = ""
+
+
 class Evidence:
     """The evidence of one stored run, computed once and shared by its checks."""
 
@@ -80,6 +108,7 @@ class Evidence:
         self.gold_traj = {r["step"]: r for r in read_jsonl(run.golden / "trajectory.jsonl")}
         self._resumes: dict[int, Resume] = {}
         self._saved: dict[str, int] | None = None
+        self._numbering: dict[int, Numbering] = {}
         self._gold: tuple[dict[str, int], set[str], frozenset[str]] | None = None
         self._aliases: dict[str, list[str]] = {}  # a file being written -> its golden run's names (faultfs)
         self._lefts: dict[int, tuple[dict[str, str], dict[str, str]]] = {}
@@ -152,19 +181,62 @@ class Evidence:
         return steps[0] if steps else None
 
     def offset(self, launch: int) -> int:
-        """What to add to a launch's recorded steps. The layer numbers steps by the optimizer's own
-        count; a launch that resumed from a checkpoint of step k with an optimizer whose state was not
-        restored counts from 1 again, while it trains steps k+1.. of the job (unless its first loss is
-        the golden run's first: then it started over after all)."""
-        if launch == 0:
-            return 0
-        r = self.resumed_from(launch)
-        if not (r.decided and r.checkpoint and r.first_step == 1):
-            return 0
-        first = next((x for x in self.traj if x.get("attempt", 0) == launch), {})
-        if first.get("loss_hex") and first.get("loss_hex") == self.gold_traj.get(1, {}).get("loss_hex"):
-            return 0
-        return self.saved_steps().get(r.checkpoint, 0)
+        """What to add to a launch's recorded steps (``numbering``)."""
+        return self.numbering(launch).offset
+
+    def numbering(self, launch: int) -> Numbering:
+        """How a relaunch's recorded steps map to the job's. The layer numbers steps by the optimizer's
+        own count, which is the job's step only where the optimizer state the relaunch loaded is that
+        of the checkpoint's step. It is held to the step the trainer itself records, the one in the
+        checkpoint's name (``step_8``, ``global_step8``, ``epoch=0-step=8``, ``iter_0000008``,
+        ``checkpoint-8``), with the samples the relaunch's first steps trained on (the golden run's
+        steps with the same ids) as the witness, or where none were recorded the time its checkpoint
+        was written (``saved_steps``):
+
+        * an optimizer whose state was not restored counts from 1 again while the relaunch trains
+          steps k+1.. of the job (unless its first loss is the golden run's first: it started over);
+        * an optimizer state of a later step than the checkpoint's (a writer thread handed the live
+          state) counts on from that later step: the name and the samples both say step k+1 where the
+          count says more. A name the samples contradict (a data position not restored) leaves the
+          count as it is."""
+        if launch not in self._numbering:
+            self._numbering[launch] = self._numbered(launch)
+        return self._numbering[launch]
+
+    def _numbered(self, launch: int) -> Numbering:
+        recs = [x for x in self.traj if x.get("attempt", 0) == launch]
+        r = self.resumed_from(launch) if launch else None
+        if not recs or r is None or not (r.decided and r.checkpoint):
+            return Numbering(0)
+        count = recs[0]["step"]
+        named = step_in_name(r.checkpoint)
+        by_name = None if named is None else named + 1
+        by_samples = self._sample_step(recs)
+        saved = self.saved_steps().get(r.checkpoint)
+        by_time = None if saved is None else saved + 1
+        if count == 1:
+            if recs[0].get("loss_hex") and recs[0]["loss_hex"] == self.gold_traj.get(1, {}).get("loss_hex"):
+                return Numbering(0)
+            if by_name is not None and by_samples in (None, by_name):
+                return Numbering(by_name - 1, count, by_name, _basis(by_samples))
+            return Numbering(saved or 0, count, by_time, "the time it was written") if saved else Numbering(0)
+        if by_name is None or by_name == count:
+            return Numbering(0)
+        if by_samples is not None and by_samples != by_name:
+            return Numbering(0)  # the samples side with the optimizer's count, or with neither
+        if by_samples is None and by_time == count:
+            return Numbering(0)
+        return Numbering(by_name - count, count, by_name, _basis(by_samples))
+
+    def _sample_step(self, recs: list[dict]) -> int | None:
+        """The golden run's step whose samples the launch's first steps (up to three) trained on, where
+        exactly one step of it fits."""
+        head = [x.get("samples") for x in recs[:3]]
+        if not head or head[0] is None:
+            return None
+        fits = [g for g in self.gold_traj if all(self.gold_traj.get(g + j, {}).get("samples") == ids
+                                                 for j, ids in enumerate(head) if g + j in self.gold_traj)]
+        return fits[0] if len(fits) == 1 else None
 
     def trained(self, launch: int) -> list[int]:
         """The steps of the job a launch trained, in order (rank 0's records, renumbered by ``offset``)."""
