@@ -17,16 +17,25 @@ from what the trainer's code does:
   own counter and data position: the trajectory fails at step 9, naming the model and optimizer state
   (the torch RNG, which the trainer never draws from, is the golden run's), with 4 steps trained
   again, although Adam's count says the relaunch began later.
+* ``rng_restored_late.py`` restores the torch RNG, then makes the epoch's data iterator, which draws
+  its seed from it. Killed as step 7 begins, it resumes from ``step_0004.pt`` mid-epoch with the model
+  and optimizer whole and the RNG one draw on: the trajectory fails at step 5, naming the torch RNG.
+  It does so too where the golden run's two fault-free runs took their state digests at different
+  steps (a save the layer sees a step late, as on faultfs or from a writer thread): a digest one run
+  took and the other did not is no instability.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from ckpt_chaos.check import any_trainer
 from ckpt_chaos.check.history import read_jsonl
+from ckpt_chaos.run import command
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
 from tests.helpers import REPO
@@ -119,3 +128,38 @@ when = { point = "step.begin", rank = 0, step = 13 }
             "steps 9..): the optimizer state it loaded is that of a later step than the checkpoint's; the model, "
             "optimizer state it resumed with differs from the golden run's at step 9 (torch RNG identical)") in detail
 
+
+def test_an_rng_restored_too_early_is_named_whatever_steps_the_golden_runs_digested(tmp_path, command_golden_root):
+    s = scenario(tmp_path, "rng_restored_late.py", """complete = "step_*.pt"
+save_every = 4
+[[faults]]
+kind = "kill"
+target = "all"
+when = { point = "step.begin", rank = 0, step = 7 }
+""")
+    r = run_scenario(s, tmp_path / "out", command_golden_root)
+    named = ("trajectory diverges at step 5 (loss_hex); it is the first step after resuming from "
+             "checkpoints/step_0004.pt (launch 1); the torch RNG state it resumed with differs from the golden "
+             "run's at step 5 (model, optimizer identical)")
+    assert checks(r)["trajectory"] == ("fail", named), r.checks
+    # The golden run's second fault-free run as one that saw the save after step 4 a step late: its
+    # digests before step 6, not 5. golden.json's unstable fields are made from the two as golden_run
+    # makes them, and the run is judged again.
+    run_dir = Path(r.run_dir)
+    gold = tmp_path / "golden"
+    shutil.copytree(run_dir / "golden", gold)
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    recs = read_jsonl(gold / "trajectory.jsonl")
+    pre = {k: v for k, v in recs[4].items() if k.startswith("pre_")}
+    assert recs[4]["step"] == 5 and "pre_rng" in pre, recs[4]
+    recs[4] = {k: v for k, v in recs[4].items() if k not in pre}
+    recs[5] = {**recs[5], **pre}
+    (twin / "trajectory.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+    meta = json.loads((gold / "golden.json").read_text())
+    # what really differed between its two runs (Python's and NumPy's RNG, unseeded) still does
+    meta["unstable"] = sorted(set(command.unstable(gold, twin)) | set(meta["unstable"]))
+    (gold / "golden.json").write_text(json.dumps(meta))
+    assert "pre_rng" not in meta["unstable"] and "pre_model_digest" not in meta["unstable"], meta["unstable"]
+    report = any_trainer.check_run(s, run_dir, gold)
+    assert {c.name: (c.verdict, c.detail) for c in report.checks}["trajectory"] == ("fail", named)

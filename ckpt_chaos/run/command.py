@@ -323,12 +323,14 @@ def first_difference(a: Path, b: Path, fields: tuple[str, ...]) -> dict | None:
 
 
 def unstable(a: Path, b: Path) -> list[str]:
-    """Recorded fields that differ between two fault-free runs anywhere (an unseeded Python RNG):
-    the diagnosis does not blame them."""
+    """Recorded fields whose values differ between two fault-free runs at a step both recorded them
+    (an unseeded Python RNG): the diagnosis does not blame them. A field one run recorded at a step and
+    the other did not is not unstable: the state digests are taken before the step after a save, which
+    a save the layer does not see (a writer thread, another rank's files) shows a step earlier or later."""
     ta = {r["step"]: r for r in read_jsonl(a / "trajectory.jsonl")}
     tb = {r["step"]: r for r in read_jsonl(b / "trajectory.jsonl")}
-    return sorted({k for step in set(ta) & set(tb) for k in set(ta[step]) | set(tb[step])
-                   if k != "t" and ta[step].get(k) != tb[step].get(k)})
+    return sorted({k for step in set(ta) & set(tb) for k in set(ta[step]) & set(tb[step])
+                   if k != "t" and ta[step][k] != tb[step][k]})
 
 
 def check_triggers(s: Scenario, golden: Path) -> None:
