@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed
 # and the clients (sbatch, srun, scontrol) for the private Slurm cluster, munged where its build
 # lacks auth/none.
 SYSTEM_PACKAGES := fuse3 libfuse3-3 fiu-utils libfiu0 e2fsprogs mount docker.io nftables iproute2 util-linux chromium \
-                   slurm-wlm munge
+                   slurm-wlm munge stress-ng
 SYSTEM_STAMP    := $(VENV)/.system-packages
 
 .PHONY: setup test chaos chaos-examples chaos-compat compat bench coverage mutation clean
@@ -130,6 +130,18 @@ COMPAT := $(wildcard examples/*/scenarios)
 chaos-compat: setup
 	$(VENV)/bin/ckpt-chaos run --suite compat $(addprefix --scenarios ,$(COMPAT)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
 
+# The idiom matrix (docs/idioms.md): each way of saving and resuming in examples/idioms/ under every fault
+# that applies to it, held to the verdict examples/idioms/expect.py declares from the idiom's own calls.
+# idioms (nightly): every cell, the table rewritten in IDIOMS_TABLE; idioms-sample: every idiom once and
+# every fault kind once. IDIOMS_JOBS: cells side by side (ckpt-chaos run -n). Runs: build/idioms/.
+IDIOMS_JOBS  ?= 2
+IDIOMS_TABLE ?= docs/idioms.md
+.PHONY: idioms idioms-sample
+idioms: setup
+	$(PY) examples/idioms/matrix.py run -n $(IDIOMS_JOBS) --out build/idioms/full --table $(IDIOMS_TABLE)
+idioms-sample: setup
+	$(PY) examples/idioms/matrix.py run --sample -n $(IDIOMS_JOBS) --out build/idioms/sample
+
 # ckpt-chaos beside another torch release (nightly, not CI): a second venv, $(COMPAT_VENV), holds torch
 # $(COMPAT_TORCH) (the CUDA build on this machine's disk, about 5.5 GB, which runs on the CPU; about 10 GB
 # of disk in all) with the Lightning, Accelerate and transformers releases beside it. The ckpt-chaos wheel
@@ -179,17 +191,17 @@ bench: setup
 
 # Mutation score of the reference trainer's checkpoint path under the default suite (nightly, hours;
 # docs/mutation.md). A sample: MUTATION_FLAGS="--files reference_trainer/checkpoint.py --limit 40".
-# MUTATION_OPERATORS: core (cosmic-ray's own), checkpoint (ckpt_chaos/mutation_operators.py) or all.
+# MUTATION_OPERATORS: core (cosmic-ray's own), checkpoint (ckpt_chaos/mutation/operators.py) or all.
 # An example's own train.py under its own scenarios: MUTATION_FLAGS="--example plain_ddp".
 MUTATION_FLAGS ?=
 MUTATION_OPERATORS ?= core
 mutation: setup
-	$(PY) benchmarks/mutation.py --operators $(MUTATION_OPERATORS) $(MUTATION_FLAGS)
+	$(PY) -m ckpt_chaos.mutation --operators $(MUTATION_OPERATORS) $(MUTATION_FLAGS)
 
 # The checkpoint operators only: results in benchmarks/results/mutation-checkpoint.md.
 .PHONY: mutation-checkpoint
 mutation-checkpoint: setup
-	$(PY) benchmarks/mutation.py --operators checkpoint $(MUTATION_FLAGS)
+	$(PY) -m ckpt_chaos.mutation --operators checkpoint $(MUTATION_FLAGS)
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) runs .pytest_cache build *.egg-info

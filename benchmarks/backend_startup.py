@@ -27,12 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ckpt_chaos.env import cluster  # noqa: E402
-from ckpt_chaos.check.history import trajectory  # noqa: E402
-from ckpt_chaos.env.launcher import launch  # noqa: E402
-from ckpt_chaos.run.runner import trainer_args  # noqa: E402
+from ckpt_chaos.env import cluster
+from ckpt_chaos.check.history import trajectory
+from ckpt_chaos.env.launcher import launch
+from ckpt_chaos.run.runner import trainer_args
 
 TRAINER = {"max_steps": 4, "warmup_steps": 1, "ckpt_every_steps": 4, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
            "collective_timeout_s": 30}

@@ -31,17 +31,14 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ckpt_chaos.check.history import trainer_events, trajectory_records  # noqa: E402
-from ckpt_chaos.env.launcher import run_to_end  # noqa: E402
-from ckpt_chaos.run.runner import trainer_args  # noqa: E402
+from ckpt_chaos.check.history import trainer_events, trajectory_records
+from ckpt_chaos.env.launcher import run_to_end
+from ckpt_chaos.run.runner import trainer_args
 
 BASE = {"max_steps": 12, "dataset_size": 128, "global_batch": 16, "grad_accum": 2, "keep_last": 2,
         "record_digests": False}

@@ -26,10 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ckpt_chaos.search.explore import Search  # noqa: E402
-from ckpt_chaos.run.runner import Result  # noqa: E402
+from ckpt_chaos.search.explore import Search
+from ckpt_chaos.run.runner import Result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "explore_order.json"
 WINDOWS = {

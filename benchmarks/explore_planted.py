@@ -28,9 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ckpt_chaos.search.explore import Search  # noqa: E402
+from ckpt_chaos.search.explore import Search
 
 # Every planted checkpointing bug the other issues keep as tests (crashes_natively is not one: it is a
 # crash of the runtime, which the runner retries).

@@ -36,13 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.chdir(ROOT)  # the ranks find benchmarks.timed_trainer from the current directory
+from ckpt_chaos.check.history import trainer_events
+from ckpt_chaos.env import launcher
+from ckpt_chaos.run.runner import trainer_args
 
-from ckpt_chaos.check.history import trainer_events  # noqa: E402
-from ckpt_chaos.env import launcher  # noqa: E402
-from ckpt_chaos.run.runner import trainer_args  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+os.chdir(ROOT)  # the ranks find benchmarks.timed_trainer from the current directory
 
 TRAINER = {"max_steps": 8, "warmup_steps": 1, "ckpt_every_steps": 2, "dataset_size": 96, "global_batch": 16,
            "grad_accum": 2, "collective_timeout_s": 60}

@@ -40,14 +40,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from ckpt_chaos.env.launcher import worker_pythonpath
+from ckpt_chaos.probe import auto
+from ckpt_chaos.run.controller import ProbeServer
+from ckpt_chaos.scenario import Command
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from ckpt_chaos.env.launcher import worker_pythonpath  # noqa: E402
-from ckpt_chaos.probe import auto  # noqa: E402
-from ckpt_chaos.run.controller import ProbeServer  # noqa: E402
-from ckpt_chaos.scenario import Command  # noqa: E402
-
 PY = sys.executable
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 TRAINERS = {

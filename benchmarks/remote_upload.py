@@ -21,19 +21,16 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ckpt_chaos.check.history import trainer_events, trajectory_records  # noqa: E402
-from ckpt_chaos.env.launcher import run_to_end  # noqa: E402
-from ckpt_chaos.env.objectstore import RemoteTier  # noqa: E402
-from ckpt_chaos.probe.layout import checksum_file  # noqa: E402
-from ckpt_chaos.run.runner import trainer_args  # noqa: E402
-from reference_trainer.remote import RemoteStore  # noqa: E402
+from ckpt_chaos.check.history import trainer_events, trajectory_records
+from ckpt_chaos.env.launcher import run_to_end
+from ckpt_chaos.env.objectstore import RemoteTier
+from ckpt_chaos.probe.layout import checksum_file
+from ckpt_chaos.run.runner import trainer_args
+from reference_trainer.remote import RemoteStore
 
 FILES = {"__0_0.distcp": 5_300_000, "__1_0.distcp": 5_300_000, ".metadata": 100_000}
 TRAINER = {"max_steps": 16, "ckpt_every_steps": 2, "dataset_size": 128, "global_batch": 16, "grad_accum": 2,

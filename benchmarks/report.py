@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -578,14 +575,15 @@ def mutation_md(d: dict) -> str:
     rows = [row(f"`{f}`", c) for f, c in [*d["files"].items(), ("all", t)]]
     ops = s.get("operators", "core")
     made_by = {"core": "cosmic-ray's mutants", "checkpoint": "the checkpoint operators' mutants "
-               "(`ckpt_chaos/mutation_operators.py`)"}.get(ops, "cosmic-ray's and the checkpoint operators' mutants")
+               "(`ckpt_chaos/mutation/operators.py`)"}.get(ops, "cosmic-ray's and the checkpoint operators' mutants")
     cached = (f"; {d['mutants_cached']} verdicts taken from the cache (same mutated file, operator, trainer, harness and "
               "coverage)" if d.get("mutants_cached") else "")
-    # mutation.py --example NAME: the whole of the example's train.py, under its own scenarios
+    # --example NAME: the whole of the example's train.py, under its own scenarios
     what = (f"of `{s['files'][0]}` (the whole file), each against the scenarios of `{s['scenarios']}` (every "
             "suite) that pass unmutated and reach its line" if s.get("example") else
             "of the checkpoint path, each against the "
-            # a baseline of named scenarios is mutation.baseline_scenarios(); one of a suite, the default suite
+            # a baseline of named scenarios is scope.baseline_scenarios() (ckpt_chaos.mutation); one of a
+            # suite, the default suite
             + ("scenarios of the default and mutation suites" if "/custom/" in d.get("baseline", "")
                else "default-suite scenarios") + " that reach its line")
     at = f" at {d['commit'][:7]}" if d.get("commit") else ""
@@ -655,7 +653,7 @@ def write_tables(results: Path = RESULTS) -> list[Path]:
         md = _HEADER.format(src=f"`{src.name}`", title=title) + render(json.loads(src.read_text()))
         (results / f"{name}.md").write_text(md)
         written.append(results / f"{name}.md")
-    # a run of an example's trainer (mutation.py --example NAME) is named mutation-<operators>-<NAME>
+    # a run of an example's trainer (--example NAME) is named mutation-<operators>-<NAME>
     for src in sorted(results.glob("mutation-*-*.json")):
         d = json.loads(src.read_text())
         if src.stem in TABLES or not d.get("sample", {}).get("example"):

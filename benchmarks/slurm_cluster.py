@@ -36,14 +36,11 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ckpt_chaos.env.slurm import SlurmCluster, SlurmConfig, auth_method, missing, version  # noqa: E402
+from ckpt_chaos.env.slurm import SlurmCluster, SlurmConfig, auth_method, missing, version
 
 JOB = """#!/bin/bash
 srun bash -c 'f="SEEN/run${SLURM_RESTART_COUNT:-0}-task$SLURM_NODEID"; date +%s.%N > "$f.tmp" && mv "$f.tmp" "$f"; \

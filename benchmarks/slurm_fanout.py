@@ -33,16 +33,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from ckpt_chaos.config import builtin_scenarios
+from ckpt_chaos.env.slurm import missing, version
+from ckpt_chaos.run.fanout import nested
+from ckpt_chaos.scenario import load
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from ckpt_chaos.config import builtin_scenarios  # noqa: E402
-from ckpt_chaos.env.slurm import missing, version  # noqa: E402
-from ckpt_chaos.run.fanout import nested  # noqa: E402
-from ckpt_chaos.scenario import load  # noqa: E402
-
 CLI = [sys.executable, "-m", "ckpt_chaos.cli"]
 
 

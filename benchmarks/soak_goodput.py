@@ -33,20 +33,17 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ckpt_chaos.report.goodput import Costs, expected_goodput, simulate  # noqa: E402
-from ckpt_chaos.check.history import read_jsonl, trainer_events  # noqa: E402
-from ckpt_chaos.env.launcher import launch, run_to_end  # noqa: E402
-from ckpt_chaos.probe import ENV_ATTEMPT  # noqa: E402
-from ckpt_chaos.run.runner import trainer_args  # noqa: E402
+from ckpt_chaos.report.goodput import Costs, expected_goodput, simulate
+from ckpt_chaos.check.history import read_jsonl, trainer_events
+from ckpt_chaos.env.launcher import launch, run_to_end
+from ckpt_chaos.probe import ENV_ATTEMPT
+from ckpt_chaos.run.runner import trainer_args
 
 RESULTS = Path(__file__).parent / "results"
 # The medium model of checkpoint_overhead.py: a 10.7 MB checkpoint, ~0.2 s steps on 2 cores.

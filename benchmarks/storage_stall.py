@@ -21,17 +21,14 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ckpt_chaos.check.history import trainer_events  # noqa: E402
-from ckpt_chaos.env.launcher import run_to_end  # noqa: E402
-from ckpt_chaos.run.runner import trainer_args  # noqa: E402
-from ckpt_chaos.env.storage import Storage, StorageSpec, missing  # noqa: E402
+from ckpt_chaos.check.history import trainer_events
+from ckpt_chaos.env.launcher import run_to_end
+from ckpt_chaos.run.runner import trainer_args
+from ckpt_chaos.env.storage import Storage, StorageSpec, missing
 
 TRAINER = {"max_steps": 12, "ckpt_every_steps": 2, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,
            "d_model": 128, "n_layers": 4, "keep_last": 2}

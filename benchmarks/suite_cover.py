@@ -22,14 +22,11 @@ import argparse
 import json
 import re
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ckpt_chaos.check import coverage  # noqa: E402
-from ckpt_chaos.config import builtin_scenarios  # noqa: E402
-from ckpt_chaos.scenario import Scenario, catalogue  # noqa: E402
+from ckpt_chaos.check import coverage
+from ckpt_chaos.config import builtin_scenarios
+from ckpt_chaos.scenario import Scenario, catalogue
 
 
 def check_of(c: dict) -> str:

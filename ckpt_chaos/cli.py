@@ -158,6 +158,14 @@ def _run_options(c: argparse.ArgumentParser) -> None:
     c.add_argument("--cov-source", action="append", metavar="PATH",
                    help="with --coverage: a folder or file to measure (repeatable; default: the reference "
                         "trainer, or the folder of a [command] trainer's script or module)")
+    c.add_argument("--repeat", type=_positive, default=1, metavar="N",
+                   help="run each scenario N times and compare: one whose verdict or failing checks differ "
+                        "between runs fails as flaky, naming what differed (the last run's folders are the "
+                        "report's, the others in repeat/run-K)")
+    c.add_argument("--load", choices=("cpu", "io", "both"),
+                   help="busy the machine while the scenarios run: stress-ng (Debian's stress-ng) on every "
+                        "core, on the disk of the output folder, or both; stopped with the run. Without "
+                        f"stress-ng nothing runs (exit {EXIT_CANNOT_RUN})")
     c.add_argument("--executor", choices=("local", "slurm"), default="local",
                    help="local (default): on this machine; slurm: one Slurm job per scenario, on a throwaway "
                         "cluster on this host or, with --slurm-conf or $SLURM_CONF, an existing one (docs/slurm.md)")

@@ -217,6 +217,9 @@ def validate(s: Scenario) -> None:
     _check_choices(s)
     if s.world_size < 1:
         raise _error(src, "world_size", f"{s.world_size} ranks", "use 1 or more")
+    if s.expect.max_lost_steps is not None and s.expect.max_lost_steps < 0:
+        raise _error(src, "expect.max_lost_steps", f"{s.expect.max_lost_steps}", "use the steps a relaunch may "
+                     "train again: 0 or more")
     if s.storage.fs != "host" and not 8 <= s.storage.size_mb <= 4096:
         raise _error(src, "storage.size_mb", f"{s.storage.size_mb}", "use 8 to 4096 (MiB)")
     _check_cluster(s)
@@ -254,12 +257,22 @@ def validate(s: Scenario) -> None:
         if f.attempt > s.recovery.max_restarts:
             raise _error(src, f"faults[{i}].attempt", f"launch {f.attempt} never happens with max_restarts = "
                          f"{s.recovery.max_restarts}", "raise recovery.max_restarts or lower attempt")
+    _check_order(s)
     _check_changes(s)
     profile = profile_of(s)
     if profile is not None:
         _check_trainer_table(src, "trainer", s.trainer, s, profile)
         for i, change in enumerate(s.recovery.changes):
             _check_trainer_table(src, f"recovery.changes[{i}]", {**s.trainer, **change}, s, profile, change)
+
+
+def _check_order(s: Scenario) -> None:
+    """``when.after`` names a fault that can fire before this one, and no two faults of a launch race:
+    fire on different processes' events with no order declared (``ckpt_chaos/order.py``)."""
+    from ckpt_chaos import order
+
+    for key, problem, fix in order.problems(s) + order.race_problems(s):
+        raise _error(s.source, key, problem, fix)
 
 
 def _check_trainer_table(src: str, key: str, table: dict[str, Any], s: Scenario, profile: TrainerProfile,
@@ -359,6 +372,13 @@ def _check_command(s: Scenario) -> None:
                      f"not {c.ckpt_dir!r}", "use ckpt_dir = \"checkpoints\"")
     if c.save_every is not None and c.save_every < 1:
         raise _error(src, "command.save_every", f"{c.save_every}", "use the trainer's checkpoint interval in steps")
+    if c.saves_in_flight < 0:
+        raise _error(src, "command.saves_in_flight", f"{c.saves_in_flight}", "use how many saves may still be "
+                     "writing while training goes on: 0 (each save is whole before the next step) or more")
+    if c.saves_in_flight and c.save_every is None:
+        raise _error(src, "command.saves_in_flight", "counts saves of command.save_every steps, which is not "
+                     "given", "give command.save_every (the trainer's checkpoint interval in steps), or state "
+                     "the bound itself as expect.max_lost_steps")
     if c.keep_last is not None and c.keep_last < 1:
         raise _error(src, "command.keep_last", f"{c.keep_last}", "use how many of its newest checkpoints the trainer "
                      "keeps (its --keep), or drop the key")

@@ -24,8 +24,8 @@ EXTERNAL_POINTS = (
 AUTO_POINTS = tuple(p for p in dict.fromkeys(p for ps in auto.PATCH_POINTS.values() for p in ps)
                     if p not in POINTS) + FAULTFS_POINTS
 # Points whose events carry a path (relative to the run directory), which when.path filters with a glob.
-PATH_POINTS = ("fs.created", *AUTO_POINTS, "ckpt.shard.write", "ckpt.shard.done", "ckpt.stage", "load.begin",
-               "load.end", "upload.write")
+PATH_POINTS = ("fs.created", *AUTO_POINTS, "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata", "ckpt.stage",
+               "load.begin", "load.end", "upload.write")
 
 # The keys that take one of a fixed set of values, each set declared once; the loader checks every
 # such field against its set. The kinds and points come from their registries (faults/, probe/).
@@ -80,6 +80,9 @@ class Trigger:
     """The checkpoint being saved or loaded has this name."""
     path: str | None = None
     """Points that carry a path (PATH_POINTS): a glob over paths relative to the run directory."""
+    after: int | None = None
+    """The index of a fault this one waits for: its trigger, once matched, holds the process at its point
+    until that fault has fired (``ckpt_chaos/order.py``)."""
 
     @property
     def external(self) -> bool:
@@ -224,6 +227,10 @@ class Command:
     """Variables set for it (placeholders too): TMPDIR = "{run_dir}/tmp"."""
     save_every: int | None = None
     """Steps between its checkpoints: the bound on lost work."""
+    saves_in_flight: int = 0
+    """Saves that may still be writing while training goes on (0: each save is whole before the next
+    step; 1: an asynchronous checkpointer, such as DCP's async_save waited on at the next save): up to
+    save_every × (1 + saves_in_flight) steps may be trained again after a fault."""
     keep_last: int | None = None
     """Its retention: how many of its newest complete checkpoints it keeps (None: it declares none, and
     retention is not checked)."""
@@ -260,7 +267,9 @@ class Expect:
     resume_from: str | None = None
     """The checkpoint the first relaunch must load."""
     max_lost_steps: int | None = None
-    """Default: one checkpoint interval (two less a step for async saves)."""
+    """Steps of work a relaunch may train again. Default: one checkpoint interval (two less a step for
+    the reference trainer's async saves; for a [command] trainer, command.save_every × (1 +
+    command.saves_in_flight)); given, it is the bound for either."""
     job_fails: bool | None = None
     """The faulted launch exits non-zero (default: not for term)."""
     detect_within_s: float | None = None

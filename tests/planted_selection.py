@@ -9,7 +9,7 @@ and body lines); anything it cannot resolve (a class, a constant, a module attri
 a statement at import that may act beyond the functions it replaces) sends the module to every scenario,
 with the reason. ``selection`` then says, per scenario, whether to run it or why not; the coverage is one
 ``ckpt-chaos run --coverage`` of the matrix's scenarios (``make_coverage``), read with
-``benchmarks/mutation.py``'s ``baseline``. Only a scenario that passes on the reference counts as
+``ckpt_chaos.mutation.scope``'s ``baseline``. Only a scenario that passes on the reference counts as
 evidence: any other is run for every module.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
-import importlib.util
 import inspect
 import json
 import os
@@ -28,12 +27,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckpt_chaos.mutation import scope, tool
+from ckpt_chaos.mutation.cache import fingerprint
+
 REPO = Path(__file__).resolve().parents[1]
 PLANTED = REPO / "tests" / "planted"
-
-_spec = importlib.util.spec_from_file_location("mutation", REPO / "benchmarks" / "mutation.py")
-mutation = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mutation)
 
 # What ``ckpt-chaos run --coverage`` measures in a trainer module's processes (``trainer_coverage.
 # default_sources``): the reference trainer's package and the layout helpers it shares with the harness.
@@ -334,14 +332,14 @@ def module_scenarios():
 
 def selection(p: Patches, base: dict, scenarios: list[str]) -> dict[str, str | None]:
     """Scenario -> None (run it) or why not (its reference run never reaches a replaced function).
-    ``base``: ``mutation.baseline`` of a coverage run of ``scenarios``."""
+    ``base``: ``scope.baseline`` of a coverage run of ``scenarios``."""
     out: dict[str, str | None] = {}
     for name in scenarios:
         if p.everywhere or name not in base["walls"]:  # unresolved, or no evidence: the reference did not pass
             out[name] = None
             continue
         reached = [t for t, (file, lines) in p.functions.items()
-                   if file not in base["reached"] or name in mutation.select(base, file, sorted(lines))]
+                   if file not in base["reached"] or name in scope.select(base, file, sorted(lines))]
         out[name] = None if reached else (f"never reaches {', '.join(sorted(p.functions))}; "
                                           "same run as the reference")
     return out
@@ -356,8 +354,8 @@ FINGERPRINTED = ("reference_trainer", "ckpt_chaos/probe")
 
 
 def fingerprint(scenario_files: list[str]) -> str:
-    """The tracked sources of ``FINGERPRINTED`` (``mutation.fingerprint``), and each scenario's file."""
-    h = hashlib.sha256(mutation.fingerprint({"reached": {}}, [], fingerprinted=FINGERPRINTED).encode())
+    """The tracked sources of ``FINGERPRINTED`` (``cache.fingerprint``), and each scenario's file."""
+    h = hashlib.sha256(fingerprint({"reached": {}}, [], fingerprinted=FINGERPRINTED).encode())
     for f in sorted(scenario_files):
         h.update(Path(f).name.encode() + b"\0" + Path(f).read_bytes() + b"\0")
     return h.hexdigest()
@@ -375,10 +373,10 @@ def usable(suite_dir: Path, scenario_files: list[str]) -> str | None:
 
 def make_coverage(reports: Path, golden: Path, scenario_files: list[str], jobs: str = "1") -> Path:
     """One ``ckpt-chaos run --coverage -n JOBS`` of ``scenario_files`` on this tree, as
-    ``mutation.make_baseline`` runs the default suite; its suite folder, stamped with the fingerprint it
+    ``scope.make_baseline`` runs the default suite; its suite folder, stamped with the fingerprint it
     was made at."""
     print_ = fingerprint(scenario_files)
-    cmd = [mutation._tool("ckpt-chaos"), "run", "--coverage", "--plots", "none", "--golden-dir", str(golden),
+    cmd = [tool("ckpt-chaos"), "run", "--coverage", "--plots", "none", "--golden-dir", str(golden),
            "--reports", str(reports), "-n", jobs, *scenario_files]
     t0 = time.monotonic()
     subprocess.run(cmd, cwd=REPO, env={k: v for k, v in os.environ.items() if k != "CKPT_CHAOS_GOLDEN_TREE"},
@@ -389,8 +387,8 @@ def make_coverage(reports: Path, golden: Path, scenario_files: list[str], jobs: 
 
 
 def baseline(suite_dir: Path) -> dict:
-    """``mutation.baseline`` over every measured file (a planted module may replace any of them)."""
-    return mutation.baseline(suite_dir, {f: None for f in measured_files()})
+    """``scope.baseline`` over every measured file (a planted module may replace any of them)."""
+    return scope.baseline(suite_dir, {f: None for f in measured_files()})
 
 
 # ---- golden runs: the reference's where the planted trainer's would be the same ------------------

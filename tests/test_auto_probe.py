@@ -215,13 +215,24 @@ import numpy as np
 d = sys.argv[1]
 np.arange(1000, dtype=np.float32).tofile(os.path.join(d, "model.f32"))  # numpy: C stdio on a dup of fileno()
 with open(os.path.join(d, "raw.bin"), "wb") as f:
-    os.write(f.fileno(), b"x" * 5000)  # through the descriptor: Python's write never sees it
+    os.write(f.fileno(), b"x" * 5000)  # os.write on a Python file's descriptor
 with open(os.path.join(d, "mixed.bin"), "wb") as f:
     f.write(b"h" * 100)
     f.flush()
     os.write(f.fileno(), b"y" * 900)
 with open(os.path.join(d, "log.txt"), "a") as f:  # an append counts from the size it found
     os.write(f.fileno(), b"z" * 10)
+fd = os.open(os.path.join(d, "deep.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # DeepSpeed's writer
+for _ in range(3):
+    os.write(fd, b"d" * 3000)
+os.fsync(fd)
+os.close(fd)
+os.close(os.open(os.path.join(d, "deep.bin"), os.O_RDONLY))
+import tempfile
+fd, tmp = tempfile.mkstemp(dir=d, suffix=".part")
+with os.fdopen(fd, "wb") as f:  # a descriptor made a Python file: one file, one count
+    f.write(b"t" * 700)
+os.replace(tmp, os.path.join(d, "staged.bin"))
 # a file limited to 6500 bytes: a write(2) that takes part of it, then fails (EFBIG), as a filling disk does
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (6500, resource.RLIM_INFINITY))
@@ -259,12 +270,14 @@ def run_native(tmp_path: Path, planned: dict | None = None) -> Recorder:
 def test_bytes_written_through_the_descriptor_are_counted_from_the_file_size_and_said_native(tmp_path):
     rec = run_native(tmp_path)
     done = {e["info"]["path"]: e["info"] for e in rec.points("file.done")}
-    on_disk = {p: (tmp_path / p).stat().st_size for p in done}
+    on_disk = {p: (tmp_path / p).stat().st_size for p in done if (tmp_path / p).exists()}
     assert done["ckpt/model.f32"] == {"path": "ckpt/model.f32", "bytes": 4000, "via": "open", "native": True,
                                       "python_bytes": 0}
-    assert done["ckpt/raw.bin"]["bytes"] == 5000 and done["ckpt/raw.bin"]["native"] is True
-    assert done["ckpt/mixed.bin"]["bytes"] == 1000 and done["ckpt/mixed.bin"]["python_bytes"] == 100
+    # os.write on a Python file's descriptor is that file's write: Python's bytes, not native ones
+    assert done["ckpt/raw.bin"] == {"path": "ckpt/raw.bin", "bytes": 5000, "via": "open"}
+    assert done["ckpt/mixed.bin"] == {"path": "ckpt/mixed.bin", "bytes": 1000, "via": "open"}
     assert done["ckpt/log.txt"]["bytes"] == 10 and on_disk["ckpt/log.txt"] == 14  # not the 4 bytes it found
+    assert "native" not in done["ckpt/log.txt"]
     # numpy's fwrite took 6500 bytes and failed: Python never saw the error, the bytes are the file's
     assert on_disk["ckpt/optim.f32"] == 6500 and done["ckpt/optim.f32"]["bytes"] == 6500
     assert "failed" not in done["ckpt/optim.f32"] and "short" not in done["ckpt/optim.f32"]  # no plan to compare
@@ -274,6 +287,20 @@ def test_bytes_written_through_the_descriptor_are_counted_from_the_file_size_and
     # the plan of the next runs takes those sizes
     sizes = auto.planned_sizes(rec.events)
     assert sizes["ckpt/model.f32"] == 4000 and sizes["ckpt/raw.bin"] == 5000
+
+
+def test_a_file_os_open_opened_is_written_fsynced_closed_and_read_as_a_python_file_is(tmp_path):
+    rec = run_native(tmp_path)
+    seq = [(e["point"], e["info"].get("bytes")) for e in rec.events if e["info"].get("path") == "ckpt/deep.bin"]
+    assert seq == [("file.fsync", None), ("file.done", 9000), ("file.read", None)], seq
+    assert rec.points("file.done")[[e["info"]["path"] for e in rec.points("file.done")].index("ckpt/deep.bin")][
+        "info"] == {"path": "ckpt/deep.bin", "bytes": 9000, "via": "os.write"}
+    assert [e["info"]["size"] for e in rec.points("file.read") if e["info"]["path"] == "ckpt/deep.bin"] == [9000]
+    # tempfile.mkstemp's descriptor handed to os.fdopen: one file, written under its temporary name
+    staged = [e for e in rec.points("file.done") if e["info"]["path"].endswith(".part")]
+    assert len(staged) == 1 and staged[0]["info"]["bytes"] == 700 and staged[0]["info"]["via"] == "open", staged
+    assert "ckpt/deep.bin" in auto.planned_sizes(rec.events)
+    assert {"os.write", "files"} <= set(rec.points("probe.armed")[0]["info"]["armed"])
 
 
 def test_a_native_write_that_failed_unseen_is_short_of_the_golden_runs_file(tmp_path):
@@ -335,3 +362,32 @@ def test_a_watched_file_reaches_the_disk_in_the_writes_it_would_without_the_laye
         if "fraction" in e["info"]:
             tenths.setdefault(e["info"]["path"], []).append(e["info"]["fraction"])
     assert tenths == {"ckpt/one.bin": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}, tenths
+
+
+WARM_UP = r"""
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+get_state_dict(model, opt)  # a state dict built up front: a zero-lr step creates AdamW's state
+for _ in range(3):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+sched_opt = torch.optim.SGD(model.parameters(), lr=0.0)  # a schedule that starts at zero trains all the same
+model(torch.randn(2, 4)).sum().backward()
+sched_opt.step()
+"""
+
+
+def test_the_step_that_only_creates_the_optimizers_state_is_no_step(tmp_path):
+    rec = Recorder()
+    with ProbeServer(rec) as server:
+        env = {**os.environ, "RANK": "0", **auto.environment(server.address, tmp_path, [tmp_path / "ckpt"],
+                                                             pythonpath=str(REPO))}
+        out = subprocess.run([sys.executable, "-c", WARM_UP], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # AdamW's own count is 2..4 after the warm-up step: numbered as the training steps they are
+    assert [e["info"]["step"] for e in rec.points("step.end")] == [1, 2, 3, 1]
+    assert [r["step"] for r in read_jsonl(tmp_path / "trajectory.jsonl")] == [1, 2, 3, 1]

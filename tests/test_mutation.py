@@ -1,27 +1,34 @@
-"""`make mutation` (benchmarks/mutation.py): what counts, which scenarios a mutant meets, the pinned
+"""`make mutation` (python -m ckpt_chaos.mutation): what counts, which scenarios a mutant meets, the pinned
 golden key, run -x; and one real mutant killed by its scenario."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from ckpt_chaos import cli
+from ckpt_chaos import cli, mutation
+from ckpt_chaos.mutation import scope, verdict
+from ckpt_chaos.mutation.cache import fingerprint
+from ckpt_chaos.mutation.driver import annotate, moved, unchanged_since, work_dir
+from ckpt_chaos.mutation.equivalence import (annotation_spans, changed_lines, equivalent_reason, in_annotation,
+                                             load_equivalent, text_change)
+from ckpt_chaos.mutation.results import collect, figures, killer_first, killers, results_name, wilson, write_results
+from ckpt_chaos.mutation.scope import (TARGETS, baseline, baseline_scenarios, deadlines, make_baseline, scope_lines,
+                                       select, statement_line, target)
+from ckpt_chaos.mutation.verdict import cosmic_ray_command, run_mutant
 from ckpt_chaos.run import runner
 from ckpt_chaos.run.runner import Result
 from tests.test_pytest_plugin import QUICK
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("mutation", ROOT / "benchmarks" / "mutation.py")
-mutation = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mutation)
 
 CKPT = "reference_trainer/checkpoint.py"
 
@@ -30,20 +37,20 @@ CKPT = "reference_trainer/checkpoint.py"
 
 def test_the_loop_is_mutated_only_where_it_resumes_saves_or_stops():
     source = (ROOT / "reference_trainer" / "train.py").read_text()
-    lines = mutation.scope_lines("reference_trainer/train.py", source)
+    lines = scope_lines("reference_trainer/train.py", source)
     text = source.split("\n")
     kept = {text[n - 1].strip() for n in lines}
     assert "self.resume()" in kept and "self.ckpt.poll()" in kept
     assert any(t.startswith("return self.save_and_exit(") for t in kept)
     assert not any(t.startswith("loss = self.micro_batch(") or t.startswith("dist.all_reduce(") for t in kept)
-    assert mutation.scope_lines(CKPT, (ROOT / CKPT).read_text()) is None  # whole files
+    assert scope_lines(CKPT, (ROOT / CKPT).read_text()) is None  # whole files
 
 
 def test_a_continuation_line_is_recorded_on_its_statement_s_first_line():
     source = "x = (1 +\n     2)\nif x and\\\n   x:\n    y = 3\n"
-    assert mutation.statement_line(source, 2) == 1
-    assert mutation.statement_line(source, 4) == 3
-    assert mutation.statement_line(source, 5) == 5
+    assert statement_line(source, 2) == 1
+    assert statement_line(source, 4) == 3
+    assert statement_line(source, 5) == 5
 
 
 # ---- equivalent mutants ---------------------------------------------------------------------------
@@ -57,13 +64,13 @@ def test_an_equivalent_mutant_is_matched_by_its_changed_line_and_operator(tmp_pa
     f.write_text(f'[[equivalent]]\nfile = "{CKPT}"\noperator = "core/NumberReplacer"\n'
                  'original = "for attempt in range(3):"\nmutant = "  for attempt in range(4):"\n'
                  'reason = "any number of tries over one passes the same scenarios"\n')
-    entries = mutation.load_equivalent(f)
+    entries = load_equivalent(f)
     m = {"file": CKPT, "operator": "core/NumberReplacer", "line": 10, "diff": DIFF}
-    assert mutation.equivalent_reason(entries, m).startswith("any number of tries")
-    assert mutation.equivalent_reason(entries, {**m, "operator": "core/AddNot"}) is None
-    assert mutation.equivalent_reason(entries, {**m, "diff": DIFF.replace("range(4)", "range(2)")}) is None
+    assert equivalent_reason(entries, m).startswith("any number of tries")
+    assert equivalent_reason(entries, {**m, "operator": "core/AddNot"}) is None
+    assert equivalent_reason(entries, {**m, "diff": DIFF.replace("range(4)", "range(2)")}) is None
     spaced = DIFF.replace("range(4)", "range( 4)")  # as the mutating library writes some numbers
-    assert mutation.equivalent_reason(entries, {**m, "diff": spaced}).startswith("any number of tries")
+    assert equivalent_reason(entries, {**m, "diff": spaced}).startswith("any number of tries")
 
 
 def test_a_mutant_of_an_annotation_that_is_never_evaluated_is_equivalent(tmp_path):
@@ -76,19 +83,19 @@ def test_a_mutant_of_an_annotation_that_is_never_evaluated_is_equivalent(tmp_pat
               "    y: int | None = a\n"
               "    return a | 1\n")
     (tmp_path / "m.py").write_text(source)
-    spans = mutation.annotation_spans(source)
+    spans = annotation_spans(source)
 
     def mutant_at(line: int, text: str, nth: int = 0) -> dict:
         col = source.splitlines()[line - 1].replace("|", "#", nth).index(text)
         return {"file": "m.py", "start": [line, col], "end": [line, col + len(text)]}
 
     assert len(spans) == 4  # a, *rest, the return and y; not the dataclass field
-    assert mutation.in_annotation(mutant_at(6, "|"), tmp_path)
-    assert mutation.in_annotation(mutant_at(6, "|", 1), tmp_path)  # the return annotation's
-    assert mutation.in_annotation(mutant_at(7, "|"), tmp_path)
-    assert not mutation.in_annotation(mutant_at(5, "|"), tmp_path)  # a field's type is read, as a string
-    assert not mutation.in_annotation(mutant_at(8, "|"), tmp_path)  # code
-    assert mutation.annotation_spans(source.replace("from __future__ import annotations\n", "")) == []
+    assert in_annotation(mutant_at(6, "|"), tmp_path)
+    assert in_annotation(mutant_at(6, "|", 1), tmp_path)  # the return annotation's
+    assert in_annotation(mutant_at(7, "|"), tmp_path)
+    assert not in_annotation(mutant_at(5, "|"), tmp_path)  # a field's type is read, as a string
+    assert not in_annotation(mutant_at(8, "|"), tmp_path)  # code
+    assert annotation_spans(source.replace("from __future__ import annotations\n", "")) == []
 
 
 @pytest.mark.parametrize("body, says", [
@@ -100,11 +107,11 @@ def test_a_bad_equivalent_entry_names_the_file_entry_and_key(tmp_path, body, say
     f = tmp_path / "eq.toml"
     f.write_text("[[equivalent]]\n" + body)
     with pytest.raises(mutation.MutationError, match=f"eq.toml: \\[\\[equivalent\\]\\] #1: .*{says}"):
-        mutation.load_equivalent(f)
+        load_equivalent(f)
 
 
 def test_the_committed_equivalent_list_loads_and_each_entry_names_a_line_that_is_still_there():
-    for e in mutation.load_equivalent():
+    for e in load_equivalent():
         lines = [line.strip() for line in (ROOT / e["file"]).read_text().split("\n")]
         # a mutant that moves a statement (a swap) removes several lines: the original joins them
         runs = {" ".join(x for x in lines[i:i + n] if x) for n in (1, 2, 3) for i in range(len(lines))}
@@ -129,13 +136,13 @@ def _suite(tmp_path: Path) -> Path:
 
 
 def test_a_mutant_meets_the_passing_scenarios_that_reach_its_line_cheapest_first(tmp_path):
-    base = mutation.baseline(_suite(tmp_path))
+    base = baseline(_suite(tmp_path))
     assert base["not_passing"] == ["flaky"]
-    assert mutation.select(base, CKPT, [10]) == ["quick", "slow"]
-    assert mutation.select(base, CKPT, [11, 10]) == ["quick", "slow"]
-    assert mutation.select(base, CKPT, [12]) == []  # only a scenario that fails unmutated reaches it
-    assert mutation.select(base, CKPT, [99]) == []  # not reached
-    assert mutation.select(base, "reference_trainer/state.py", [10]) == []
+    assert select(base, CKPT, [10]) == ["quick", "slow"]
+    assert select(base, CKPT, [11, 10]) == ["quick", "slow"]
+    assert select(base, CKPT, [12]) == []  # only a scenario that fails unmutated reaches it
+    assert select(base, CKPT, [99]) == []  # not reached
+    assert select(base, "reference_trainer/state.py", [10]) == []
 
 
 def test_the_scenario_that_last_killed_a_change_runs_first_and_only_for_that_change(tmp_path):
@@ -151,26 +158,26 @@ def test_the_scenario_that_last_killed_a_change_runs_first_and_only_for_that_cha
     results.write_text(json.dumps({"mutants": [
         {"file": CKPT, "status": "killed", "scenario": "errno-eio-on-each-commit-fsync", "diff": diff},
         {"file": CKPT, "status": "survived", "diff": diff.replace("fsync", "flush")}]}))
-    known = mutation.killers(results)
-    change = mutation._change("# a line above\n" + pristine, "# a line above\n" + mutated)
+    known = killers(results)
+    change = text_change("# a line above\n" + pristine, "# a line above\n" + mutated)
     assert known == [[CKPT, *change, "errno-eio-on-each-commit-fsync"]]
     names = ["quick", "errno-eio-on-each-commit-fsync", "slow"]
-    assert mutation.killer_first(names, known, CKPT, change) == ["errno-eio-on-each-commit-fsync", "quick", "slow"]
-    assert mutation.killer_first(names, known, "reference_trainer/train.py", change) == names  # another file
-    assert mutation.killer_first(names[::2], known, CKPT, change) == names[::2]  # it no longer reaches the line
-    other = mutation._change(pristine, pristine.replace("x = 1", "x = 2"))
-    assert mutation.killer_first(names, known, CKPT, other) == names
-    assert mutation.killers(tmp_path / "none.json") == []
+    assert killer_first(names, known, CKPT, change) == ["errno-eio-on-each-commit-fsync", "quick", "slow"]
+    assert killer_first(names, known, "reference_trainer/train.py", change) == names  # another file
+    assert killer_first(names[::2], known, CKPT, change) == names[::2]  # it no longer reaches the line
+    other = text_change(pristine, pristine.replace("x = 1", "x = 2"))
+    assert killer_first(names, known, CKPT, other) == names
+    assert killers(tmp_path / "none.json") == []
 
 
 def test_coverage_without_contexts_or_results_is_refused_with_the_fix(tmp_path):
     suite = _suite(tmp_path)
     (suite / "coverage" / "coverage.json").write_text(json.dumps({"files": {f"/x/{CKPT}": {}}}))
     with pytest.raises(mutation.MutationError, match="contexts"):
-        mutation.baseline(suite)
+        baseline(suite)
     (suite / "results.json").unlink()
     with pytest.raises(mutation.MutationError, match="no results.json"):
-        mutation.baseline(suite)
+        baseline(suite)
 
 
 # ---- an example's trainer under its own scenarios (--example) ------------------------------------------
@@ -180,31 +187,31 @@ EX_SCENARIOS = "examples/plain_ddp/scenarios"
 
 
 def test_an_example_is_mutated_whole_under_every_scenario_of_its_folder_in_files_of_its_own(tmp_path, monkeypatch, capsys):
-    aim = mutation.target("plain_ddp")
+    aim = target("plain_ddp")
     assert aim["targets"] == {EX: None} and aim["scenarios"] == EX_SCENARIOS
-    assert mutation.scope_lines(EX, (ROOT / EX).read_text(), aim["targets"]) is None  # the whole file
-    ref = mutation.target(None)
-    assert ref["targets"] is mutation.TARGETS and ref["scenarios"] is None
-    assert mutation.results_name("checkpoint", "plain_ddp") == "mutation-checkpoint-plain_ddp"
-    assert mutation.results_name("core", "plain_ddp") == "mutation-core-plain_ddp"
-    assert mutation.work_dir("core") == mutation.WORK  # the reference trainer's runs keep their folders
-    assert mutation.work_dir("checkpoint") == ROOT / "build" / "mutation-checkpoint"
-    assert mutation.work_dir("checkpoint", "plain_ddp") == ROOT / "build" / "mutation-checkpoint-plain_ddp"
+    assert scope_lines(EX, (ROOT / EX).read_text(), aim["targets"]) is None  # the whole file
+    ref = target(None)
+    assert ref["targets"] is TARGETS and ref["scenarios"] is None
+    assert results_name("checkpoint", "plain_ddp") == "mutation-checkpoint-plain_ddp"
+    assert results_name("core", "plain_ddp") == "mutation-core-plain_ddp"
+    assert work_dir("core") == mutation.WORK  # the reference trainer's runs keep their folders
+    assert work_dir("checkpoint") == ROOT / "build" / "mutation-checkpoint"
+    assert work_dir("checkpoint", "plain_ddp") == ROOT / "build" / "mutation-checkpoint-plain_ddp"
     with pytest.raises(mutation.MutationError, match="--example nope: no examples/nope/train.py.*one of .*plain_ddp"):
-        mutation.target("nope")
-    assert "plain-ddp-term-rank1-only" in mutation._deadlines(EX_SCENARIOS)
+        target("nope")
+    assert "plain-ddp-term-rank1-only" in deadlines(EX_SCENARIOS)
     ran = []
-    monkeypatch.setattr(mutation.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
-    latest = mutation.make_baseline(tmp_path, tmp_path / "golden", EX_SCENARIOS)
+    monkeypatch.setattr(scope.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    latest = make_baseline(tmp_path, tmp_path / "golden", EX_SCENARIOS)
     assert latest == tmp_path / "baseline" / "full" / "latest"
     cmd = ran.pop()
     assert cmd[cmd.index("--suite") + 1] == "full"  # every scenario of the folder, whatever its suites
     assert cmd[cmd.index("--scenarios") + 1] == str(ROOT / EX_SCENARIOS) and "--coverage" in cmd
-    assert mutation.make_baseline(tmp_path, tmp_path / "golden") == tmp_path / "baseline" / "custom" / "latest"
+    assert make_baseline(tmp_path, tmp_path / "golden") == tmp_path / "baseline" / "custom" / "latest"
     cmd = ran.pop()
     assert "--scenarios" not in cmd and "--suite" not in cmd
     # the reference trainer's baseline: the default suite and the scenarios aimed at one I/O call each
-    named = set(mutation.baseline_scenarios())
+    named = set(baseline_scenarios())
     capsys.readouterr()
     assert cli.main(["list", "--json", "--builtin", "--suite", "default"]) == cli.EXIT_OK
     default = json.loads(capsys.readouterr().out)
@@ -231,11 +238,11 @@ def _example_suite(tmp_path: Path, line: int) -> Path:
 def test_an_example_s_known_failure_never_meets_a_mutant_and_its_mutant_runs_from_its_folder(tmp_path, monkeypatch):
     source = (ROOT / EX).read_text()
     line = next(n for n, t in enumerate(source.split("\n"), 1) if t.strip() == "os.replace(tmp, path)")
-    base = mutation.baseline(_example_suite(tmp_path, line), mutation.target("plain_ddp")["targets"])
+    base = baseline(_example_suite(tmp_path, line), target("plain_ddp")["targets"])
     assert list(base["reached"]) == [EX] and base["not_passing"] == ["broken", "refused"]
-    assert mutation.select(base, EX, [line]) == ["quick", "slow"]
-    assert mutation.select(base, EX, [99]) == []  # only the xfail reaches it: not reached
-    assert list(mutation.baseline(_example_suite(tmp_path / "ref", line))["reached"]) == [CKPT]
+    assert select(base, EX, [line]) == ["quick", "slow"]
+    assert select(base, EX, [99]) == []  # only the xfail reaches it: not reached
+    assert list(baseline(_example_suite(tmp_path / "ref", line))["reached"]) == [CKPT]
     tree = tmp_path / "tree"
     (tree / EX).parent.mkdir(parents=True)
     (tree / EX).write_text(source.replace("    os.replace(tmp, path)\n", "    pass\n"))
@@ -250,12 +257,12 @@ def test_an_example_s_known_failure_never_meets_a_mutant_and_its_mutant_runs_fro
         def wait(self, timeout=None):
             return 0
 
-    monkeypatch.setattr(mutation.subprocess, "Popen", Launched)
+    monkeypatch.setattr(verdict.subprocess, "Popen", Launched)
     monkeypatch.chdir(tree)
     (tmp_path / "work").mkdir()
     state = {"pristine": str(ROOT), "work": str(tmp_path / "work"), "files": [EX], "golden": str(tmp_path / "golden"),
              "base": base, "deadlines": {}, "scenarios": str(ROOT / EX_SCENARIOS)}
-    out = mutation.run_mutant(state)
+    out = run_mutant(state)
     assert out["lines"] == [line] and out["planned"] == ["quick", "slow"]
     (cmd, env), = launched
     assert cmd[cmd.index("--scenarios") + 1] == str(ROOT / EX_SCENARIOS) and cmd[-2:] == ["quick", "slow"]
@@ -271,11 +278,11 @@ def test_an_example_s_cached_verdicts_depend_on_its_trainer_and_scenarios_not_an
         (repo / name).write_text("x = 1\n")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run(["git", "add", "."], cwd=repo, check=True)
-    aim = mutation.target("plain_ddp")
+    aim = target("plain_ddp")
     base = {"reached": {EX: {"5": ["quick"]}, CKPT: {"5": ["quick"]}}}
 
     def prints() -> tuple[str, str]:
-        return (mutation.fingerprint(base, [EX], repo, aim["fingerprinted"]), mutation.fingerprint(base, [CKPT], repo))
+        return (fingerprint(base, [EX], repo, aim["fingerprinted"]), fingerprint(base, [CKPT], repo))
 
     first = prints()
     (repo / "examples/other/train.py").write_text("x = 2\n")
@@ -291,10 +298,10 @@ def test_an_equivalent_entry_may_name_an_example_s_trainer(tmp_path):
     f = tmp_path / "eq.toml"
     f.write_text(f'[[equivalent]]\nfile = "{EX}"\noperator = "core/NumberReplacer"\noriginal = "a"\nmutant = "b"\n'
                  'reason = "r"\n')
-    assert [e["file"] for e in mutation.load_equivalent(f)] == [EX]
+    assert [e["file"] for e in load_equivalent(f)] == [EX]
     f.write_text(f.read_text().replace(EX, "examples/plain_ddp/scenarios/x.toml"))
     with pytest.raises(mutation.MutationError, match="is not mutated; one of .*examples/plain_ddp/train.py"):
-        mutation.load_equivalent(f)
+        load_equivalent(f)
 
 
 def test_an_example_s_results_get_a_file_and_a_table_of_their_own(tmp_path):
@@ -304,7 +311,7 @@ def test_an_example_s_results_get_a_file_and_a_table_of_their_own(tmp_path):
     killed = {"file": EX, "line": 57, "operator": "checkpoint/DropDurabilityCall", "occurrence": 0,
               "diff": "-    os.replace(tmp, path)\n+    pass", "status": "killed", "scenario": "quick",
               "checks": ["latest_valid"], "wall_s": 9.0}
-    path = mutation.write_results([killed], "python benchmarks/mutation.py --example plain_ddp",
+    path = write_results([killed], "python -m ckpt_chaos.mutation --example plain_ddp",
                                   {"sample": sample, "exec_wall_s": 9.0}, results=tmp_path)
     assert path == tmp_path / "mutation-checkpoint-plain_ddp.json"
     md = (tmp_path / "mutation-checkpoint-plain_ddp.md").read_text()
@@ -428,7 +435,7 @@ def test_a_real_mutant_is_killed_by_the_scenario_that_reaches_it(tmp_path, jobs)
     assert cov.returncode == 0, cov.stderr[-3000:]
     line = next(n for n, text in enumerate((ROOT / CKPT).read_text().split("\n"), 1)
                 if text.strip().startswith("if final.exists():"))
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mutation.py"), "--files", CKPT,
+    run = subprocess.run([sys.executable, "-m", "ckpt_chaos.mutation", "--files", CKPT,
                           "--mutant", f"{CKPT}:{line}:core/AddNot", "--coverage-from", str(reports / "custom" / "latest"),
                           "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results"),
                           *(["--jobs", jobs] if jobs else [])],
@@ -473,29 +480,29 @@ def test_the_session_s_outcomes_become_statuses_and_a_later_equivalent_mark_wins
             if outcome is not None:
                 out = outcome[1] if isinstance(outcome[1], str) else mutation.OUTCOME + json.dumps(outcome[1])
                 db.set_result(job, WorkResult(output=out, worker_outcome=WorkerOutcome.NORMAL, test_outcome=outcome[0]))
-    got = {m["job"]: m for m in mutation.collect(session)}
+    got = {m["job"]: m for m in collect(session)}
     assert {j: m["status"] for j, m in got.items()} == {"killed": "killed", "survived": "survived", "cut": "timeout",
                                                          "pending": "pending"}
     assert got["killed"]["checks"] == ["c"] and "+        if not final.exists():" in got["killed"]["diff"]
-    f = mutation.figures(list(got.values()))["totals"]
+    f = figures(list(got.values()))["totals"]
     assert f["score"] == round(1 / 3, 4) and f["pending"] == 1  # pending: left out; a timeout without a verdict: not killed
-    old, new = mutation.changed_lines(got["killed"]["diff"])
+    old, new = changed_lines(got["killed"]["diff"])
     marked = [{"file": CKPT, "operator": "core/AddNot", "original": old, "mutant": new, "reason": "r"}]
-    again = {m["job"]: m for m in mutation.collect(session, equivalent=marked)}
+    again = {m["job"]: m for m in collect(session, equivalent=marked)}
     assert again["killed"]["status"] == "equivalent" and again["killed"]["run_status"] == "killed"
 
 
 def test_a_sample_s_score_carries_a_wilson_interval_that_holds_it_and_narrows_with_size():
-    assert mutation.wilson(0, 0) is None
-    lo, hi = mutation.wilson(10, 14)
+    assert wilson(0, 0) is None
+    lo, hi = wilson(10, 14)
     assert (lo, hi) == (0.4535, 0.8828)  # the Wilson interval of 10 in 14, as published tables give it
-    assert mutation.wilson(20, 20)[1] == 1.0 and mutation.wilson(20, 20)[0] < 1.0
-    assert mutation.wilson(0, 20)[0] == 0.0
-    big = mutation.wilson(100, 140)
+    assert wilson(20, 20)[1] == 1.0 and wilson(20, 20)[0] < 1.0
+    assert wilson(0, 20)[0] == 0.0
+    big = wilson(100, 140)
     assert big[0] > lo and big[1] < hi
     ms = [{"status": s, "file": CKPT} for s in ("killed", "killed", "survived", "equivalent", "pending")]
-    assert mutation.figures(ms)["totals"].get("score_ci95") is None  # every mutant run: no interval
-    assert mutation.figures(ms, sampled=True)["totals"]["score_ci95"] == mutation.wilson(2, 3)
+    assert figures(ms)["totals"].get("score_ci95") is None  # every mutant run: no interval
+    assert figures(ms, sampled=True)["totals"]["score_ci95"] == wilson(2, 3)
 
 
 def test_a_mutant_no_scenario_reaches_is_left_to_exec_so_a_cut_run_stays_a_random_sample(tmp_path):
@@ -509,7 +516,7 @@ def test_a_mutant_no_scenario_reaches_is_left_to_exec_so_a_cut_run_stays_a_rando
             db.add_work_item(WorkItem(job_id=str(line), mutations=[MutationSpec(
                 CKPT, "core/AddNot", _occurrence("core/AddNot", line), (line, 8), (line, 9))]))
     base = {"walls": {"quick": 1.0}, "reached": {CKPT: {str(lines[0]): ["quick"]}}}
-    counts = mutation.annotate(session, base, [CKPT], None, 0, [])
+    counts = annotate(session, base, [CKPT], None, 0, [])
     assert (counts["to run"], counts["not reached"]) == (1, 1)
     with use_db(str(session), WorkDB.Mode.open) as db:
         assert sorted(i.job_id for i in db.pending_work_items) == sorted(map(str, lines))
@@ -519,12 +526,12 @@ def test_a_run_is_resumed_only_with_the_code_it_began_with(tmp_path):
     files = ["reference_trainer/checkpoint.py"]
     base = {"reached": {"reference_trainer/checkpoint.py": {"10": ["quick"]}}}
     (tmp_path / "state.json").write_text(json.dumps({"base": base, "files": files}))
-    began = mutation.fingerprint(base, files)
+    began = fingerprint(base, files)
     run = {"extra": {"sample": {"files": files}, "cache": {"dir": None, "fingerprint": began}}}
-    mutation.unchanged_since(tmp_path, run)  # the same tree: it goes on
+    unchanged_since(tmp_path, run)  # the same tree: it goes on
     run["extra"]["cache"]["fingerprint"] = "0" * 64  # as if a scenario or the trainer had changed since
     with pytest.raises(mutation.MutationError, match="--resume: reference_trainer, ckpt_chaos changed since"):
-        mutation.unchanged_since(tmp_path, run)
+        unchanged_since(tmp_path, run)
 
 
 def test_a_run_that_outlived_its_code_says_how_to_go_on_at_its_commit_and_goes_on_there(tmp_path):
@@ -537,12 +544,29 @@ def test_a_run_that_outlived_its_code_says_how_to_go_on_at_its_commit_and_goes_o
     run = {"extra": {"sample": {"files": files}, "commit": "1234567" + "0" * 33, "flags": ["--operators", "checkpoint"],
                      "cache": {"dir": None, "fingerprint": "0" * 64}}}
     with pytest.raises(mutation.MutationError) as e:
-        mutation.unchanged_since(tmp_path, run)
+        unchanged_since(tmp_path, run)
     assert f"git worktree add ../at-1234567 {'1234567' + '0' * 33} && cd ../at-1234567 && python " \
-           f"benchmarks/mutation.py --operators checkpoint --resume --work {tmp_path}" in str(e.value)
-    # resumed in that worktree: the mutants are compared with it, and cosmic-ray runs its script
-    mutation.moved(tmp_path)
+           f"-m ckpt_chaos.mutation --operators checkpoint --resume --work {tmp_path}" in str(e.value)
+    # resumed in that worktree: the mutants are compared with it, and cosmic-ray runs its package
+    moved(tmp_path)
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["pristine"] == str(mutation.ROOT)
     assert state["scenarios"] == str(mutation.ROOT / "examples/x/scenarios")
-    assert f"python {mutation.ROOT}/benchmarks/mutation.py test" in (tmp_path / "cosmic-ray.toml").read_text()
+    command = tomllib.loads((tmp_path / "cosmic-ray.toml").read_text())["test-command"]
+    assert shlex.split(command) == [sys.executable, "-P", "-m", "ckpt_chaos.mutation", "test", "--state",
+                                    str(tmp_path / "state.json")]
+
+
+def test_the_test_command_imports_the_checkout_on_pythonpath_not_the_copy_it_runs_in(tmp_path):
+    """cosmic-ray runs the test command in the copy that holds the mutant, which has a ckpt_chaos of
+    its own: the checker must come from the pristine checkout that $PYTHONPATH names."""
+    copy = tmp_path / "tree"
+    (copy / "ckpt_chaos" / "mutation").mkdir(parents=True)
+    (copy / "ckpt_chaos" / "__init__.py").write_text('raise SystemExit("the copy\'s ckpt_chaos was imported")\n')
+    (copy / "ckpt_chaos" / "mutation" / "__init__.py").write_text("")
+    argv = shlex.split(cosmic_ray_command(tmp_path))
+    env = {**os.environ, "PYTHONPATH": str(mutation.ROOT)}
+    env.pop("PYTHONSAFEPATH", None)
+    run = subprocess.run([*argv[:argv.index("test") + 1], "--help"], cwd=copy, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0 and "--state" in run.stdout, run.stderr

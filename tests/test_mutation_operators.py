@@ -1,10 +1,9 @@
-"""The checkpoint mutation operators (ckpt_chaos/mutation_operators.py): for small snippets, the
+"""The checkpoint mutation operators (ckpt_chaos/mutation/operators.py): for small snippets, the
 positions each finds and the source each mutant becomes; their registration with cosmic-ray; and
 how `make mutation` picks them and caches their verdicts. Pure: nothing is trained."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,12 +14,13 @@ pytest.importorskip("cosmic_ray")
 from cosmic_ray.ast import ast_nodes, get_ast  # noqa: E402
 from cosmic_ray.mutating import mutate_code  # noqa: E402
 
-from ckpt_chaos import mutation_operators as ops  # noqa: E402
+from ckpt_chaos import mutation  # noqa: E402
+from ckpt_chaos.mutation import operators as ops  # noqa: E402
+from ckpt_chaos.mutation.cache import remember  # noqa: E402
+from ckpt_chaos.mutation.driver import annotate  # noqa: E402
+from ckpt_chaos.mutation.results import collect, figures, results_name, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("mutation", ROOT / "benchmarks" / "mutation.py")
-mutation = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mutation)
 
 
 def positions(op: type, source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -241,13 +241,13 @@ def test_a_run_of_the_checkpoint_operators_leaves_cosmic_ray_s_own_out_of_scope(
 
     session, line = _session(tmp_path)
     base = {"walls": {"quick": 1.0}, "reached": {CKPT: {str(line): ["quick"]}}}
-    counts = mutation.annotate(session, base, [CKPT], None, 0, [], operators="checkpoint")
+    counts = annotate(session, base, [CKPT], None, 0, [], operators="checkpoint")
     assert (counts["out of scope"], counts["to run"]) == (1, 1)
     with use_db(str(session), WorkDB.Mode.open) as db:
         assert [i.job_id for i in db.pending_work_items] == ["ckpt"]
-    m = next(m for m in mutation.collect(session) if m["job"] == "ckpt")
+    m = next(m for m in collect(session) if m["job"] == "ckpt")
     assert "-        os.rename(tmp, final)" in m["diff"] and "+        pass" in m["diff"]
-    assert mutation.results_name("checkpoint") == "mutation-checkpoint" and mutation.results_name("core") == "mutation"
+    assert results_name("checkpoint") == "mutation-checkpoint" and results_name("core") == "mutation"
 
 
 def test_a_verdict_is_cached_by_mutated_file_and_operator_and_reused_by_the_next_run(tmp_path):
@@ -261,31 +261,31 @@ def test_a_verdict_is_cached_by_mutated_file_and_operator_and_reused_by_the_next
     with use_db(str(session), WorkDB.Mode.open) as db:
         db.set_result("ckpt", WorkResult(output=mutation.OUTCOME + json.dumps(verdict),
                                          worker_outcome=WorkerOutcome.NORMAL, test_outcome=TestOutcome.KILLED))
-    done = [m for m in mutation.collect(session) if m["job"] == "ckpt"]
-    assert mutation.remember(cache, done, "print-1") == 1
-    assert mutation.remember(cache, done, "print-1") == 0  # kept once
+    done = [m for m in collect(session) if m["job"] == "ckpt"]
+    assert remember(cache, done, "print-1") == 1
+    assert remember(cache, done, "print-1") == 0  # kept once
 
     again, _ = _session(tmp_path / "next")
-    counts = mutation.annotate(again, base, [CKPT], None, 0, [], operators="checkpoint", cache=cache, print_="print-1")
+    counts = annotate(again, base, [CKPT], None, 0, [], operators="checkpoint", cache=cache, print_="print-1")
     assert (counts["cached"], counts["to run"]) == (1, 0)
-    m = next(m for m in mutation.collect(again) if m["job"] == "ckpt")
+    m = next(m for m in collect(again) if m["job"] == "ckpt")
     assert m["status"] == "killed" and m["cached"] and m["checks"] == ["durability"]
-    f = mutation.figures([m])
+    f = figures([m])
     assert f["mutants_run"] == 0 and f["mutants_cached"] == 1
     assert f["operators"]["checkpoint/DropDurabilityCall"]["killed"] == 1
     # the trainer or the harness changed: the verdict no longer applies
     third, _ = _session(tmp_path / "third")
-    counts = mutation.annotate(third, base, [CKPT], None, 0, [], operators="checkpoint", cache=cache, print_="print-2")
+    counts = annotate(third, base, [CKPT], None, 0, [], operators="checkpoint", cache=cache, print_="print-2")
     assert (counts["cached"], counts["to run"]) == (0, 1)
 
 
 def test_a_checkpoint_run_reports_its_score_per_operator_in_a_file_of_its_own(tmp_path):
     session, _ = _session(tmp_path)
-    done = [{**m, "status": "survived", "ran": ["quick"], "wall_s": 5.0} for m in mutation.collect(session)
+    done = [{**m, "status": "survived", "ran": ["quick"], "wall_s": 5.0} for m in collect(session)
             if m["job"] == "ckpt"]
     sample = {"limit": None, "seed": 0, "files": [CKPT], "named": None, "operators": "checkpoint", "to run": 1,
               "not reached": 0, "equivalent": 0, "not sampled": 0, "cached": 0}
-    path = mutation.write_results(done, "python benchmarks/mutation.py --operators checkpoint",
+    path = write_results(done, "python -m ckpt_chaos.mutation --operators checkpoint",
                                   {"sample": sample, "exec_wall_s": 5.0}, results=tmp_path / "results")
     assert path.name == "mutation-checkpoint.json"
     md = (tmp_path / "results" / "mutation-checkpoint.md").read_text()

@@ -77,18 +77,18 @@ def fresh(tmp_path_factory):
     assert built.returncode == 0, built.stdout + built.stderr
     wheel = next(dist.glob("ckpt_chaos-*.whl"))
 
+    # Without pip of its own: ensurepip costs half the fixture's CPU, and its old setuptools would shadow
+    # the one torch needs (and the constraints pin). The project's pip installs into it (--python).
     env_dir = tmp / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     (site / "project-deps.pth").write_text(f"{_deps_dir(tmp)}\n")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "CKPT_CHAOS", "VIRTUAL_ENV"))}
     clean["CKPT_CHAOS_CACHE"] = str(tmp / "cache")
-    # ensurepip's old setuptools would shadow the one torch needs (and the constraints pin)
-    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], env=clean, check=True)
-    installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "-c",
-                                str(REPO / "constraints.txt"), str(wheel)],
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index",
+                                "-c", str(REPO / "constraints.txt"), str(wheel)],
                                capture_output=True, text=True, env=clean, cwd=tmp, timeout=300)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     return python, site, clean

@@ -300,12 +300,13 @@ def test_faultfs_reports_every_call_of_a_job_process_with_its_rank_and_path(tmp_
         (st.ckpt / "mine").write_bytes(b"x" * (2 << 20))
     seen = [(e["point"], e["info"]["path"], e["info"].get("bytes"), e["rank"]) for e in events]
     # without a plan (a fault-free run) a write is reported at each MiB it reaches
-    assert seen == [("faultfs.write", "checkpoints/w.bin", 1 << 20, 1),
+    assert seen == [("faultfs.truncate", "checkpoints/w.bin", None, 1),  # created: empty, before its first byte
+                    ("faultfs.write", "checkpoints/w.bin", 1 << 20, 1),
                     ("faultfs.fsync", "checkpoints/w.bin", None, 1),
                     ("faultfs.done", "checkpoints/w.bin", 1 << 20, 1),
                     ("faultfs.rename", "checkpoints/w.bin.final", None, 1),
                     ("faultfs.remove", "checkpoints/w.bin.final", None, 1)], seen
-    assert events[3]["info"]["src"] == "checkpoints/w.bin"
+    assert events[4]["info"]["src"] == "checkpoints/w.bin"
     assert all(e["info"]["source"] == "faultfs" for e in events)
 
 
@@ -558,6 +559,7 @@ point = "ckpt.stage"
 rank = 0
 nth = 1
 name = "step_00000002"
+after = 0
 
 [trainer]
 max_steps = 8
@@ -623,10 +625,11 @@ def test_a_fault_whose_launch_another_fault_ended_first_is_unknown_not_unfired(t
     verdicts = {c.fault: (c.verdict, c.detail) for c in report.checks}
     assert verdicts[1][0] == "pass"
     assert verdicts[0][0] == "unknown" and "fault 1 (power_loss) ended launch 0" in verdicts[0][1], verdicts
-    # with no fault that ends a launch, a trigger never reached is still the scenario's to fix
+    # with no fault that ends a launch, a trigger never reached is the scenario's to fix: still unknown
     report = Report()
     _faults_fired(Run(s, tmp_path, tmp_path, [Exited(launch=0, rc=0, snapshot={})], []), report)
-    assert [c.verdict for c in report.checks] == ["fail", "fail"], report.checks
+    assert [c.verdict for c in report.checks] == ["unknown", "unknown"], report.checks
+    assert "check faults[0].when against the points the trainer reports" in report.checks[0].detail
 
 
 # ---- which report answers for which fault ------------------------------------------------------

@@ -1,9 +1,10 @@
 """The reference trainer on a real CUDA GPU: FSDP2 + DCP under torchrun, one rank, and crash/resume
 bit-exact there, checked by the harness itself. Not part of `make test` (CI has no GPU); run it by
-hand on a machine with one::
+hand on a machine with one, from the repository's root (``-m`` puts it on the module path, so the
+harness imports where ckpt-chaos is not installed)::
 
-    python3 benchmarks/cuda/check_cuda.py --out DIR            # on the GPU machine
-    python3 benchmarks/cuda/check_cuda.py --device cpu --out DIR   # the same path on the CPU
+    python3 -m benchmarks.cuda.check_cuda --out DIR                # on the GPU machine
+    python3 -m benchmarks.cuda.check_cuda --device cpu --out DIR   # the same path on the CPU
 
 One GPU means one rank: NCCL refuses two ranks on one device. The stages, each with its evidence:
 
@@ -48,9 +49,9 @@ import time
 import tomllib
 from pathlib import Path
 
+from ckpt_chaos.check.history import read_jsonl  # stdlib only: safe before the preflight
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # the repository's own modules, also where ckpt-chaos is not installed (the GPU machine)
-from ckpt_chaos.check.history import read_jsonl  # noqa: E402  (stdlib only: safe before the preflight)
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 # the scenarios' training, also that of the direct runs (stages 2 and 3)
 TRAIN = {"max_steps": 12, "ckpt_every_steps": 4, "dataset_size": 96, "global_batch": 16, "grad_accum": 2,

@@ -60,6 +60,15 @@ def _left_whole(run: Run, ev: Evidence, report: Report) -> None:
         report.add("committed_valid", "unknown", f"what launch {last} left complete was not recorded")
         return
     torn = ev.torn(last)
+    # half-written temporary files: no file of their checkpoint, so they decide no verdict, but they take
+    # space, and a load that globs its folder would find them
+    stray = ev.strays(last)
+    counted = {p for c in ex.complete for p in torn_in(ev, stray, c)}
+    strays = "" if not stray else (
+        f"; {len(stray)} stray temporary file(s) left half written in checkpoint folders, never renamed into "
+        "place (no file of their checkpoint: a load that opens its files by name skips them): "
+        + "; ".join(f"{p}: {how}" + (" (in a checkpoint counted complete)" if p in counted else "")
+                    for p, how in sorted(stray.items())[:4]) + (" ..." if len(stray) > 4 else ""))
     if run.s.resumed_world_size() != run.s.world_size:
         # a resume at another world size writes other files per checkpoint than the golden run
         torn = {p: how for p, how in torn.items() if not how.startswith("missing")}
@@ -68,7 +77,7 @@ def _left_whole(run: Run, ev: Evidence, report: Report) -> None:
     if not hit:
         report.add("committed_valid", True, f"the {len(ex.complete)} checkpoint(s) counted complete as the job "
                    f"ended hold no file left mid-write, closed after a failed write, or empty or missing where the "
-                   f"golden run's was not")
+                   f"golden run's was not" + strays)
         return
     ended_by = [h for h in run.faults() if h.launch == last and run.s.faults[h.index].ends_launch]
     names = ", ".join(hit)
@@ -80,7 +89,7 @@ def _left_whole(run: Run, ev: Evidence, report: Report) -> None:
         return
     report.add("committed_valid", False, f"the job ended (launch {last}, exit status {ex.rc}) counting {names} "
                f"complete (command.complete), but {why}: a relaunch would resume from a torn checkpoint"
-               + ("" if len(hit) < len(ex.complete) else "; no whole checkpoint is left"))
+               + ("" if len(hit) < len(ex.complete) else "; no whole checkpoint is left") + strays)
 
 
 def torn_in(ev: Evidence, torn: dict[str, str], entry: str) -> list[str]:

@@ -159,13 +159,27 @@ class TornDown(Record):
 
 
 @dataclass(kw_only=True)
+class Held(Record):
+    """A fault's trigger matched before the fault it waits for (``when.after``) had fired, and the hold
+    ended without it firing: ``why``."""
+
+    KIND: ClassVar[str] = "held"
+    index: int
+    launch: int
+    after: int
+    at: dict[str, Any]  # the event it was held at: point, rank, info
+    held_s: float
+    why: str
+
+
+@dataclass(kw_only=True)
 class HarnessError(Record):
     KIND: ClassVar[str] = "error"
     error: str
 
 
 HARNESS_RECORDS: dict[str, type[Record]] = {c.KIND: c for c in (
-    LaunchStarted, FaultFired, Healed, Exited, RankExited, DeadlineHit, Reaped, TornDown, HarnessError)}
+    LaunchStarted, FaultFired, Healed, Exited, RankExited, DeadlineHit, Reaped, TornDown, Held, HarnessError)}
 R = TypeVar("R", bound=Record)
 
 

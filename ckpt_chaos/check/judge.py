@@ -18,13 +18,13 @@ from pathlib import Path
 
 from ckpt_chaos.check.commits import committed_valid, crash_states, manifest_facts
 from ckpt_chaos.check.expected import harness_relaunch, relaunched, resumed
-from ckpt_chaos.check.outcome import LANDED_POINTS, fault_effects, faults_fired, faults_landed, harness_health, \
+from ckpt_chaos.check.outcome import FILE_LANDED_POINTS, LANDED_POINTS, fault_effects, faults_fired, faults_landed, harness_health, \
     job_completed
 from ckpt_chaos.check.promises import (committed_kept, final_directory, carries_manifest,
                                      refused_keys, save_failure_policy)
 from ckpt_chaos.check.remote import remote_tier
 from ckpt_chaos.check.resume import cadence, config_changes, loaded_equals_saved, lost_work, resume_from, resumes
-from ckpt_chaos.check.timings import detection_timings, reported_timings
+from ckpt_chaos.check.timings import reported_timings, timings
 from ckpt_chaos.check.trajectory import trajectory_check
 from ckpt_chaos.check.verdict import CheckSpec, Report, Run
 from ckpt_chaos.scenario import Scenario
@@ -125,7 +125,7 @@ REFERENCE: tuple[CheckSpec, ...] = (
     CheckSpec("committed_kept", _always, committed_kept),
     CheckSpec("save_failure_policy", lambda s: s.trainer.get("on_save_failure") == "stop", save_failure_policy),
     CheckSpec("detected_in_time", lambda s: s.expect.detect_within_s is not None and relaunched(s),
-              detection_timings),
+              timings),
     CheckSpec("reported_timings", _always, reported_timings),  # every catalogue run trains a step and times it
 )
 
@@ -135,7 +135,7 @@ COMMAND: tuple[CheckSpec, ...] = (
     CheckSpec("no_hang", _always, harness_health),
     CheckSpec("harness_ok", _always, harness_health),
     CheckSpec("fault_fired", lambda s: bool(s.faults), faults_fired),
-    CheckSpec("fault_landed", _landed, faults_landed),
+    CheckSpec("fault_landed", lambda s: any(f.when.point in FILE_LANDED_POINTS for f in s.faults), faults_landed),
     CheckSpec("job_completed", _always, job_completed),
     CheckSpec("fault_job_failed", _job_failed, fault_effects),
     CheckSpec("fault_sigterm_honoured", lambda s: any(f.spec.sigterm_grace for f in s.faults), fault_effects),
@@ -148,4 +148,5 @@ COMMAND: tuple[CheckSpec, ...] = (
     CheckSpec("retention", lambda s: s.command.keep_last is not None, final_directory),
     CheckSpec("config_accepted", _changes(False), config_changes),
     CheckSpec("config_refused", _changes(True), config_changes),
+    CheckSpec("detected_in_time", lambda s: s.expect.detect_within_s is not None and relaunched(s), timings),
 )

@@ -53,6 +53,17 @@ def _fired(run: Run, report: Report) -> None:
         if i in fired:
             report.add("fired", True, fault=i, detail=f"{f.kind} {f.target} fired at {t}")
             continue
+        from ckpt_chaos.check.history import Held
+
+        held = next((h for h in run.records(Held) if h.index == i), None)
+        if held is not None:
+            # the order the scenario declared did not come about: nothing of the fault's story happened
+            who = "the uploader" if held.at["point"].startswith("upload.") else f"rank {held.at['rank']}"
+            report.add("fired", "unknown", fault=i, detail=
+                       f"{f.kind} {f.target} never fired: its trigger matched {held.at['point']} of {who} in launch "
+                       f"{held.launch}, where it waited {held.held_s:.1f}s for fault {held.after} (when.after) and was let go: "
+                       f"{held.why}; nothing of its effect can be checked")
+            continue
         ender = next((h for h in run.faults() if h.launch == f.attempt and run.s.faults[h.index].spec.ends_launch),
                      None)
         if ender is not None:
@@ -80,8 +91,10 @@ def _fired(run: Run, report: Report) -> None:
             error = _last_error(launch_logs(run.dir, run.history) or {}, f.attempt)
             why = (f"launch {f.attempt} ended first, with exit status {ex.rc}"
                    + (f" ({error})" if error else "") + f"; see its part of torchrun.log")
-        report.add("fired", False, fault=i, detail=f"{f.kind} {f.target} never fired: no probe event of "
-                   f"launch {f.attempt} matched {t}; {why}")
+        # a planned fault that never fired: the run did not exercise what the scenario states, whoever is
+        # to blame, so it cannot say the trainer failed it (docs/checks.md)
+        report.add("fired", "unknown", fault=i, detail=f"{f.kind} {f.target} never fired: no probe event of "
+                   f"launch {f.attempt} matched {t}; {why}; the scenario did not exercise what it states")
 
 
 def _unfired_loads(run: Run, ev: Evidence, report: Report) -> None:
@@ -119,15 +132,23 @@ LANDED_SLACK = 0.05
 LANDED_POINTS = ("ckpt.shard.write", "upload.write")
 
 
+# The same of a [command] trainer: the automatic probe layer's and faultfs's writes of any file.
+FILE_LANDED_POINTS = ("file.write", "faultfs.write", "ckpt.shard.write")
+
+
 def faults_landed(run: Run, report: Report) -> None:
     """A fault aimed at a fraction of a file's write (``when.min_fraction``) found that much of it done,
     measured against the size the golden run wrote the file at: for a shard, what was on disk (and no
     more than the next tenth, the probe reporting each tenth); for an upload, the bytes the uploader's
     reader had handed to the request (and no more reported than that). The trainer's own fraction is
-    what this checks, not what it trusts."""
+    what this checks, not what it trusts. A ``[command]`` trainer's write of any file: ``_landed_in_file``."""
     for h in run.faults():
         fraction = run.s.faults[h.index].when.min_fraction
         point, info = h.at.get("point"), h.at.get("info", {})
+        if run.s.command is not None:
+            if point in FILE_LANDED_POINTS:
+                _landed_in_file(run, h, fraction, report)
+            continue
         if fraction is None or point not in LANDED_POINTS:
             continue
         name = info.get("file")
@@ -179,6 +200,50 @@ def faults_landed(run: Run, report: Report) -> None:
                    f"{said} when the fault fired, for a trigger at {fraction:.0%}" + (
                        ": the trainer's probe reported progress its file did not have" if early else
                        ": the trainer's probe reported progress later than the file made it" if late else ""))
+
+
+def _landed_in_file(run: Run, h, fraction: float | None, report: Report) -> None:
+    """Where a fault on a ``[command]`` trainer's file write (``file.write``, ``faultfs.write``,
+    ``ckpt.shard.write``) landed: the bytes of the file when it fired, against the size of the same
+    file in the golden run (under its final name, where it is written under a temporary one). The bytes
+    are the file's on disk as the launch ended where the fault killed its writer, else those the point
+    reported written; fewer on disk than reported is the layer's report found wrong. With
+    ``when.min_fraction``, they must be at least that share of the golden file and at most a tenth more
+    (the points come at each tenth)."""
+    from ckpt_chaos.check.evidence import Evidence
+
+    info = h.at.get("info", {})
+    path, reported = info.get("path"), info.get("bytes")
+    if not path or not isinstance(reported, int):
+        report.add("landed", "unknown", f"the {h.at.get('point')} it fired on names no file and byte count",
+                   fault=h.index)
+        return
+    aliases = info.get("aliases") or []
+    name, whole = Evidence(run)._golden_size(path, aliases)
+    if name is None:
+        report.add("landed", "unknown", f"the golden run left no file {' or '.join(dict.fromkeys([path, *aliases]))} "
+                   "to measure it against", fault=h.index)
+        return
+    ex = run.exit_of(h.launch)
+    killed = run.s.faults[h.index].spec.kills_target and h.at.get("rank") in h.detail.get("ranks", ())
+    on_disk = (ex.files or {}).get(path) if killed and ex is not None else None
+    label = path if name == path else f"{path} ({name} in the golden run)"
+    if on_disk is not None and on_disk < reported:
+        report.add("landed", False, fault=h.index, detail=f"{label} held {on_disk} bytes as launch {h.launch} ended, "
+                   f"which the fault ended, but the {h.at.get('point')} it fired on reported {reported} written: the "
+                   "layer reported progress the file did not have")
+        return
+    got = reported / whole if whole else 1.0
+    where = (f"{label} held {reported} of the golden run's {whole} bytes ({got:.0%}) when the fault fired"
+             + (" (on disk as its launch ended)" if on_disk == reported else ""))
+    if fraction is None:
+        report.add("landed", True, fault=h.index, detail=where + ", for a trigger at no fraction")
+        return
+    early = got < fraction - LANDED_SLACK
+    late = got > min(1.0, fraction + 0.1 + LANDED_SLACK)
+    report.add("landed", not (early or late), fault=h.index, detail=where + f", for a trigger at {fraction:.0%}" + (
+        ": the point reported a share of the file it did not have (its plan was not the golden file's size)"
+        if early else ": the point came later in the file than its trigger" if late else ""))
 
 
 def _nearest(sizes: dict[str, int], ckpt: str) -> str:

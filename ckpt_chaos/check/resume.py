@@ -14,6 +14,7 @@ from ckpt_chaos.check.promises import refusal_problems, refused_keys
 from ckpt_chaos.check.trajectory import component_diff, exempt
 from ckpt_chaos.check.verdict import Report, Run, first_few
 from ckpt_chaos.probe.layout import parse_name
+from ckpt_chaos.scenario import Scenario
 
 
 def resumes(run: Run, report: Report) -> None:
@@ -140,6 +141,10 @@ def _command_resume(run: Run, ev: Evidence, report: Report, launch: int) -> None
                    f"checkpoint was {newest} (complete: {', '.join(sorted(complete))})")
     read = set(r.files) | ({r.checkpoint} if r.checkpoint else set())
     hit = sorted(p for p in torn if any(within(p, q) for q in read))
+    # a stray temporary file is no file of its checkpoint: it counts where the launch was seen to read it
+    strays = ev.strays(launch - 1)
+    hit += sorted(p for p in strays if p in r.files)
+    torn = {**torn, **strays}
     if hit:
         report.add("no_torn_read", False, at=launch, detail=f"it resumed from {r.checkpoint or 'files'} ({r.how}), "
                    f"which launch {launch - 1} left torn or incomplete: "
@@ -230,12 +235,14 @@ def _reference_lost_work(run: Run, report: Report) -> None:
 def _command_lost_work(run: Run, ev: Evidence, report: Report, launch: int, lost: str | None) -> None:
     """Steps trained again by the launch: the furthest step any launch before it reached against the
     step it began at. A launch that trained no step (killed during its load) is measured by the next
-    launch that trained, against the same furthest step."""
-    every = run.s.command.save_every
+    launch that trained, against the same furthest step. The bound: ``expect.max_lost_steps`` where
+    given, else ``command.save_every`` steps for each save that may be lost (``1 +
+    command.saves_in_flight``: an asynchronous save may still be writing when the next one begins)."""
+    limit, source = lost_work_limit(run.s)
     reached = [s for n in run.launches() if n < launch for s in ev.trained(n)]
     started = ev.trained(launch)
-    if every is None:
-        report.add("lost_work", "n/a", at=launch, detail="command.save_every is not given")
+    if limit is None:
+        report.add("lost_work", "n/a", at=launch, detail=source)
     elif not started and any(ev.trained(n) for n in run.launches() if n > launch):
         return
     elif not started:
@@ -247,9 +254,24 @@ def _command_lost_work(run: Run, ev: Evidence, report: Report, launch: int, lost
     else:
         lost_steps = max(reached) - (started[0] - 1)
         report.steps_lost = (report.steps_lost or 0) + max(0, lost_steps)
-        report.add("lost_work", lost_steps <= every, at=launch, detail=f"{lost_steps} step(s) trained again, at "
-                   f"most {every} allowed" + ("" if lost_steps <= every else f": it went back to step "
-                                             f"{started[0] - 1} from {max(reached)}" + (f"; {lost}" if lost else "")))
+        report.add("lost_work", lost_steps <= limit, at=launch, detail=f"{lost_steps} step(s) trained again, at "
+                   f"most {limit} allowed" + (f" ({source})" if source else "")
+                   + ("" if lost_steps <= limit else f": it went back to step {started[0] - 1} from {max(reached)}"
+                      + (f"; {lost}" if lost else "")))
+
+
+def lost_work_limit(s: Scenario) -> tuple[int | None, str]:
+    """The steps a relaunch of a ``[command]`` trainer may train again, and where the bound comes from
+    (empty for the plain ``command.save_every``); None and why where the scenario states none."""
+    c = s.command
+    if s.expect.max_lost_steps is not None:
+        return s.expect.max_lost_steps, "expect.max_lost_steps"
+    if c is None or c.save_every is None:
+        return None, "neither command.save_every nor expect.max_lost_steps is given"
+    if c.saves_in_flight:
+        return (c.save_every * (1 + c.saves_in_flight), f"{1 + c.saves_in_flight} × command.save_every: "
+                f"command.saves_in_flight = {c.saves_in_flight}")
+    return c.save_every, ""
 
 
 CADENCE_SLACK_S = 0.05  # the trainer times its cadence with monotonic(), events carry time.time()

@@ -171,7 +171,7 @@ def _command_trajectory(run: Run, ev: Evidence, report: Report, gold: dict, got:
                 return
         if _past_the_end(run, ev, report, gold, got):
             return
-        final = _final_state(run, max(gold))
+        final = _final_state(run, ev, max(gold))
         if final is not None and final:
             report.add("trajectory", False, f"every loss of the golden run's {max(gold)} steps is identical, but the "
                        f"{' and '.join(final)} state the job ended with differs from the golden run's")
@@ -219,13 +219,15 @@ def _exit_digests(run_dir: Path) -> dict:
     return exits[-1] if exits else {}
 
 
-def _final_state(run: Run, last: int) -> list[str] | None:
+def _final_state(run: Run, ev: Evidence, last: int) -> list[str] | None:
     """The last update shows in no loss, so the state the job ended with (rank 0's digests at its
     exit) is compared with the golden run's: the parts that differ, or None where either run has
-    no such digests (or the job did not end at the golden run's last step)."""
+    no such digests (or the job did not end at the golden run's last step, as the last launch's
+    steps are numbered: ``Evidence.numbering``)."""
     gold, got = _exit_digests(run.golden), _exit_digests(run.dir)
     keys = [k for k in ("model_digest", "optimizer_digest") if k in gold and k in got]
-    if not keys or got.get("step") != last:
+    launches = run.launches()
+    if not keys or got.get("step", 0) + (ev.offset(launches[-1]) if launches else 0) != last:
         return None
     return [k.split("_")[0] for k in keys if gold[k] != got[k]]
 
@@ -247,9 +249,15 @@ def _command_diagnosis(run: Run, ev: Evidence, gold: dict, got: dict, step: int,
     source = (r.checkpoint if r.checkpoint else "nothing (a fresh start)") if r.decided else "a checkpoint not known"
     where = f"; it is {'the first step' if first == step else f'{step - first + 1} steps'} after resuming " \
             f"from {source} (launch {launch})"
-    if ev.offset(launch):
+    num = ev.numbering(launch)
+    if num.offset and num.recorded == 1:
         where += (f", where the optimizer's own step count began again at 1 (its steps are compared as steps "
                   f"{first}..): the optimizer's state was not restored")
+    elif num.offset:
+        where += (f", where the optimizer's own step count went on from {num.recorded - 1} while {num.basis} say "
+                  f"it resumed after step {num.first - 1} (its steps are compared as steps {first}..): the optimizer "
+                  f"state it loaded is that of {'a later' if num.offset < 0 else 'an earlier'} step than the "
+                  "checkpoint's")
     g, r = gold.get(first, {}), got.get(first, {})
     unstable = json.loads((run.golden / "golden.json").read_text()).get("unstable", [])
     keys = [k for k in STATE if k in g and k in r and k not in unstable]

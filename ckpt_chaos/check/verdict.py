@@ -41,6 +41,10 @@ class Report:
     time_to_detect_s: float | None = None
     time_to_recover_s: float | None = None
     resumed_from: list[str] = field(default_factory=list)  # per relaunch: the checkpoint it loaded, or "scratch"
+    # measured by the checks where the trainer reports none (a [command] trainer's saves)
+    save_s: float | None = None
+    save_stall_s: float | None = None
+    timings_why: dict[str, str] = field(default_factory=dict)  # a timing column left empty -> why
 
     @property
     def verdict(self) -> str:

@@ -6,7 +6,7 @@ local disk (``/local``, the ranks' TMPDIR) and sees the run directory as the sha
 directory that holds the checkpoints.
 
 * ``docker``: one container per node and launch on an ``internal`` Docker network (no route out).
-  There is no image registry here, so the image is built locally: ``docker import`` of a
+  No image registry is needed: the image is built locally, ``docker import`` of a
   skeleton tarball (empty directories and the usual ``/lib -> usr/lib`` links), and the host's
   ``/usr``, Python installation, virtual environment, the folders the harness imports from and
   the project directory (the current one) bind-mounted read-only (``code_mounts``). A

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from mfusepy import FUSE, FuseOSError, Operations, fuse_get_context
 
 from ckpt_chaos.env.faultfs_powerloss import Crash, NsOp, remove_entry
-from ckpt_chaos.env.faultfs_probe import Reporter, tgid
+from ckpt_chaos.env.faultfs_probe import Reporter, exiting, tgid
 from ckpt_chaos.env.storage import FAULTFS_POINTS, POWER_LOSS_MODES, socket_address
 
 # Call names a rule may use, and the FUSE operations each covers.
@@ -278,18 +278,23 @@ class FaultFS(Operations):
         if self.reporter is not None and flags & os.O_ACCMODE == os.O_RDONLY:
             # before the file is opened: a fault here lands in a load, whatever code does the reading
             self._hold("faultfs.open", path=self.reporter.path(path))
+        emptied = self.reporter is not None and flags & os.O_TRUNC and flags & os.O_ACCMODE != os.O_RDONLY
         with self._mutex:
             if self.lazy and flags & os.O_TRUNC:
                 self._touch_data(full)
+            before = os.lstat(full).st_size if emptied else 0
             fd = os.open(full, flags)
             self.names[fd] = path
-            return fd
+        if emptied:
+            self._emptied(fd, path, before=before, length=0)
+        return fd
 
     def create(self, path, mode, fi=None):
         self._check("create", path)
         full = self._full(path)
         with self._mutex:
             existed = os.path.lexists(full)
+            before = os.lstat(full).st_size if existed else 0
             if self.lazy and existed:
                 self._touch_data(full)
             # the caller's flags (mfusepy passes them as ``fi``): a file created to be read back ("w+b")
@@ -300,7 +305,9 @@ class FaultFS(Operations):
                 self.dirty[ino] = None
                 self._log(NsOp("create", self._ino(os.path.dirname(full)), os.path.basename(full), ino))
             self.names[fd] = path
-            return fd
+        if self.reporter is not None:
+            self._emptied(fd, path, before=before, length=0, **({} if existed else {"created": True}))
+        return fd
 
     def read(self, path, size, offset, fh):
         self._check("read", self._name(path, fh))
@@ -344,10 +351,29 @@ class FaultFS(Operations):
         full = None if path is None and fh is not None else self._full(path)
         self._check("truncate", self._name(path, fh))
         with self._mutex:
+            before = os.fstat(fh).st_size if full is None else os.lstat(full).st_size
             if self.lazy:
                 self._touch_data(full, fh if full is None else None)
             os.truncate(fh if full is None else full, length)
+        if length < before:  # cut short (an O_TRUNC open comes here first); a writer sizing its file is not
+            self._emptied(None, self._name(path, fh), before=before, length=length)
         return 0
+
+    def _emptied(self, fd: int | None, path: str, **info) -> None:
+        """``faultfs.truncate``: a job's file was just emptied (created, or opened with O_TRUNC) or cut short,
+        and no byte has gone into it since; held like every point, so a writer killed here leaves it so.
+        An open the controller fails (its process died meanwhile, or an errno fault) closes its handle."""
+        r = self.reporter
+        if r is None:
+            return
+        try:
+            self._hold("faultfs.truncate", path=r.path(path), **info)
+        except BaseException:
+            if fd is not None:
+                with self._mutex:
+                    self.names.pop(fd, None)
+                os.close(fd)
+            raise
 
     def flush(self, path, fh):
         # close() is not a durability point, only fsync is; but it is where a writer says it is done
@@ -357,8 +383,11 @@ class FaultFS(Operations):
         if state is not None and r is not None:
             # bytes: how far it wrote (a writer may size the file first: size says that)
             # opened: where its first write was, when a rename moved it since (safetensors renames first)
+            # exited: the process was ending and the kernel closed the file for it; whether the writer
+            # had finished is then the evidence's to judge (bytes against the golden run's file)
             self._hold("faultfs.done", path=r.path(path), bytes=state[1], size=os.fstat(fh).st_size,
                        **({"failed": True} if state[0] else {}),
+                       **({"exited": True} if exiting(fuse_get_context()[2]) else {}),
                        **({"opened": state[4]} if state[4] != r.path(path) else {}),
                        **({"aliases": state[3]} if state[3] else {}))
         return 0

@@ -15,6 +15,8 @@ from mfusepy import FuseOSError
 from ckpt_chaos.env.launcher import kill_pending
 from ckpt_chaos.probe import follow
 
+PF_EXITING = 0x4  # <linux/sched.h>: the task is in do_exit()
+
 
 def tgid(tid: int) -> int:
     try:
@@ -50,6 +52,17 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X") and not kill_pending(pid)
+
+
+def exiting(tid: int) -> bool:
+    """The thread is ending its process (``PF_EXITING``): a call it makes now is the kernel closing what
+    the process left open, not the process's own (a writer killed mid-file closes it this way)."""
+    try:
+        with open(f"/proc/{tid}/stat") as f:
+            flags = int(f.read().rpartition(")")[2].split()[6])
+    except (OSError, IndexError, ValueError):
+        return False
+    return bool(flags & PF_EXITING)
 
 
 class Reporter:

@@ -32,7 +32,7 @@ Why it is built this way:
   to it after the trainer renamed ``step_8.tmp`` to ``step_8``. Folders that existed before a launch
   are looked up at the launch.
 * Cost. Nearly every event of a whole file system is elsewhere, and each wake-up of the reader costs
-  ~30 us of CPU on this VM: read one by one, the events of a shared machine cost the reader 1 to 1.8 s
+  ~30 us of CPU on a 2-core VM: read one by one, the events of a shared machine cost the reader 1 to 1.8 s
   of CPU per run of ``plain-ddp-kill-rank0-mid-file-write`` (28,000 to 71,000 events read). So the
   first event from a folder away from the roots (or above them, but not a root's own parent) has the
   kernel drop that folder's opens and closes from then on (an ignore mark, ``FAN_MARK_IGNORE``,
@@ -63,7 +63,7 @@ Why it is built this way:
   runs in a forked process that hands events over a datagram socket it drops them from when full,
   and cannot say that the queue was read to its end (``drain``).
 
-What it costs (this 2-core VM, shared with other developers' test runs; ``ckpt-chaos run --scenarios
+What it costs (a 2-core VM shared with other test runs; ``ckpt-chaos run --scenarios
 examples/plain_ddp/scenarios plain-ddp-kill-rank0-mid-file-write``, 2 launches, the mark on ``/``),
 four runs with the recorder and four without, alternating:
 
@@ -564,7 +564,7 @@ class FileEvents:
     def _hush(self, key: bytes, on: bool) -> None:
         """Have the kernel drop a folder's opens and closes (``on``), or deliver them again. Nearly all of
         a file system's events are in a few folders (a Python import's): each is then read once, not
-        every time, and the reader is woken for little else (each wake-up is ~30 us of CPU here)."""
+        every time, and the reader is woken for little else (each wake-up costs ~30 us of CPU)."""
         fd = self._open_handle(key)
         if fd is None:
             return

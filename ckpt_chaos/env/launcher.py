@@ -105,7 +105,7 @@ def harness_pythonpath() -> str:
     behind the folder this process imported ckpt-chaos from where that is a source tree or an editable
     install. A worker then runs its parent's harness even where the current directory holds another
     ckpt_chaos: a copy of this checkout whose trainer, and ``ckpt_chaos.probe.layout``, carry a mutant
-    (``benchmarks/mutation.py``), which the trainer's ranks must import and the checks must not."""
+    (``ckpt_chaos.mutation``), which the trainer's ranks must import and the checks must not."""
     import ckpt_chaos
 
     here = Path(ckpt_chaos.__file__).resolve().parent.parent

@@ -1,8 +1,8 @@
 """The remote tier of a run: an S3 endpoint on loopback, and the harness's own view of what it holds.
 
-No S3-compatible server is in the package registries here, so a run starts moto's standalone
-server (``python -m moto.server``), a real HTTP server that speaks the S3 REST API, as a child of
-the harness that dies with it. The trainer reaches it through the fault proxy
+A run needs no S3 server installed beside it: it starts moto's standalone server (``python -m
+moto.server``, of the ``remote`` extra), a real HTTP server that speaks the S3 REST API, as a child
+of the harness that dies with it. The trainer reaches it through the fault proxy
 (``toxiproxy_server/__init__.py``), so the upload link can be cut, slowed or reset; the harness reads the
 bucket directly, never through the proxy.
 

@@ -44,7 +44,8 @@ from ckpt_chaos.extras import missing_extra
 MARK = "ckpt-chaos"
 # Probe points faultfs reports for the processes of a job (``report``), where Python cannot see the
 # writer (a C++ or Rust library writing by itself): each holds the call until the controller answers.
-FAULTFS_POINTS = ("faultfs.open", "faultfs.write", "faultfs.done", "faultfs.fsync", "faultfs.rename", "faultfs.remove")
+FAULTFS_POINTS = ("faultfs.open", "faultfs.truncate", "faultfs.write", "faultfs.done", "faultfs.fsync",
+                  "faultfs.rename", "faultfs.remove")
 # What faultfs's crash does with directory entries no directory fsync made durable (un-fsynced data is
 # dropped either way): undo them all (the worst POSIX allows), or keep them all (ext4's journal has
 # committed them, delayed allocation has not written the data: a file renamed into place unsynced is

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ckpt_chaos.scenario import Fault, Trigger
 
 # A small job: 2 ranks, 8 steps, a checkpoint every 2 steps (4 saves); a launch from a warm launcher
-# agent takes 2-4 s on this 2-core machine. A stopped rank is found when its peer's collective times
+# agent takes 2-4 s on a 2-core machine. A stopped rank is found when its peer's collective times
 # out: 8 s is several times the longest wait of a run without a hang (a first step or a load, under
 # 1 s; a save slowed by a `slow` fault, under 2 s) and halves what a hang costs against the
 # catalogue's 15 s. The search runs alone, so no other job's load stretches those waits.

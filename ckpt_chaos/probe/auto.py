@@ -12,14 +12,18 @@ for the reference trainer):
 
 * ``step.begin`` / ``step.end`` from the optimizer's global step hooks, numbered by the optimizer's
   own ``state[p]["step"]`` (so a resumed run counts on from where its checkpoint was), else counted;
+  a step that only creates the optimizer's state (DCP's ``get_state_dict`` before a load: zero
+  learning rate, no backward) is no step, and its increment of the count is taken off until a load
+  replaces the state; the checks hold the numbering to the trainer's own (``check/evidence.py``);
   ``microstep.end`` after each backward;
 * ``ckpt.stage`` when a save starts (``torch.distributed.checkpoint.save``, ``torch.save`` into a
   watched directory), ``load.begin`` / ``load.end`` around ``dcp.load`` and ``torch.load`` of a
   watched path;
 * DCP's shard files (``*.distcp``) as ``ckpt.shard.write`` (with ``bytes`` and, where the size is
   known, ``fraction``) and ``ckpt.shard.done``; its ``.metadata`` rename as ``ckpt.metadata``;
-* any other file written in a watched directory through Python (``open``, and ``torch.save``,
-  which is made to write through a Python stream) as ``file.write`` / ``file.done`` (bytes that
+* any other file written in a watched directory through Python (``open``; ``torch.save``, which
+  is made to write through a Python stream; ``os.open``, ``os.write`` and ``os.close``, as
+  DeepSpeed's writer does, ``via = "os.write"``) as ``file.write`` / ``file.done`` (bytes that
   native code wrote through such a file's descriptor, as numpy's ``tofile`` does, counted from the
   file's size: ``native``; a file closed short of the golden run's: ``short``); and
   ``file.fsync``, ``file.rename``, ``file.remove``, ``file.rmtree``, ``file.copy`` (a copy is made

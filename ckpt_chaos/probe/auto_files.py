@@ -9,6 +9,7 @@ import errno
 import io
 import os
 import shutil
+import stat
 
 from ckpt_chaos import probe
 from ckpt_chaos.probe.auto_state import CHUNK, TENTHS, WHOLE, _arm, _orig, _point, _Quiet, _quiet, _s, _watched
@@ -31,8 +32,8 @@ class _Watched(io.RawIOBase):
     Python file and ``fwrite``s to a dup of ``fileno()``) passes no byte through ``write``: the points
     report the bytes the descriptor shows (the file's size, less what an append found there) where
     that is more than Python wrote, with ``native`` (and ``python_bytes``, Python's own). A native
-    write that failed raises past ``close``, which cannot tell; a file closed with fewer bytes than
-    the same file in the golden run (``follow.Follower.match``) is reported ``short``."""
+    write that failed raises past ``close``, which cannot tell; a file with native bytes closed with
+    fewer bytes than the same file in the golden run (``follow.Follower.match``) is reported ``short``."""
 
     def __init__(self, raw, rel: str, via: str, whole_from: int | None = WHOLE):
         super().__init__()
@@ -51,6 +52,7 @@ class _Watched(io.RawIOBase):
         self._write_point, self._done_point = _kind(rel)
         self._next = self._boundary(0)
         _s.fds[raw.fileno()] = rel
+        _s.streams[raw.fileno()] = self  # an os.write on its descriptor is counted here too
 
     def _boundary(self, done: int) -> int:
         """The byte count of the next report: the next tenth of the plan (rounded up, so a report at
@@ -96,7 +98,10 @@ class _Watched(io.RawIOBase):
             info.update(bytes=size - self._base, native=True, python_bytes=self.written)
         return info
 
-    def write(self, b) -> int:
+    def write(self, b, partial: bool = False) -> int:
+        """Write all of ``b``, cut at each report. ``partial`` (an ``os.write``): a write(2) that failed
+        after bytes of this call went out returns their count, as write(2) does, and the caller's next
+        write meets the error."""
         view = memoryview(b).cast("B")
         total, pos = len(view), 0
         if self.planned is None and self.written == 0 and self._whole_from and total >= self._whole_from:
@@ -112,6 +117,8 @@ class _Watched(io.RawIOBase):
                     if not n:
                         raise OSError(errno.EIO, f"a write of {end - pos} bytes wrote {n}")
                 except OSError as e:
+                    if partial and pos:
+                        return pos
                     self.failed = e.strerror or repr(e)
                     raise
                 pos += n
@@ -134,7 +141,7 @@ class _Watched(io.RawIOBase):
                 super().close()  # flushes the file
             finally:
                 size = self._size()  # what native code wrote through the descriptor is on it
-                _s.fds.pop(self._raw.fileno(), None)
+                self._forget()
                 self._raw.close()
         except OSError as e:  # the flush or close(2) failed: Python saw it
             self.failed = self.failed or e.strerror or repr(e)
@@ -142,13 +149,104 @@ class _Watched(io.RawIOBase):
             raise
         self._done(size)
 
+    def _forget(self) -> None:
+        try:
+            fd = self._raw.fileno()
+        except (OSError, ValueError):
+            return
+        _s.fds.pop(fd, None)
+        if _s.streams.get(fd) is self:
+            del _s.streams[fd]
+
     def _done(self, size: int | None) -> None:
         info = self._info(size)
         if self.failed:
             info["failed"] = self.failed
-        if self.golden and info["bytes"] < self.golden:
-            info["short"] = True  # fewer bytes than the same file in the golden run: a write failed unseen
+        if self.golden and info.get("native") and info["bytes"] < self.golden:
+            # fewer bytes than the same file in the golden run, some written where Python does not see:
+            # a native write failed unseen. Every write Python made returned, or raised (``failed``): a
+            # file it wrote alone is as long as the trainer made it (DCP's .metadata holds its path)
+            info["short"] = True
         _point(self._done_point, **info)
+
+
+class _Descriptor(_Watched):
+    """A watched file ``os.open`` opened to write: its ``os.write`` calls are cut and reported as a
+    Python file's writes are (``via = "os.write"``), its ``os.close`` is its ``file.done``. Handed to
+    ``open``/``os.fdopen`` (``tempfile.mkstemp`` then ``fdopen``), it goes on as that file's stream."""
+
+    def __init__(self, fd: int, rel: str, flags: int, st: os.stat_result):
+        # a first os.write tells nothing of the file's size (a loop of chunks, or one call): no guess
+        super().__init__(_orig["io.open"](fd, "wb", 0, closefd=False), rel, "os.write", whole_from=None)
+        self.fd, self.identity, self.adopted = fd, (st.st_dev, st.st_ino), False
+        # bytes there before, which writes in place or at the end do not add to the file's size
+        self._base = 0 if flags & os.O_TRUNC else st.st_size
+
+    def same_file(self) -> bool:
+        """Whether the descriptor still is this file (closed by other means, its number reused: no)."""
+        try:
+            st = os.fstat(self.fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
+
+    def adopt(self, raw) -> None:
+        """``open(fd)`` made a Python file of the descriptor: its closing closes the descriptor."""
+        self._raw.close()  # closefd=False: the descriptor stays open
+        self._raw, self.adopted, self.via = raw, True, "open"
+
+    def close_fd(self) -> None:
+        """``os.close`` of the descriptor: closed, then reported done."""
+        size = self._size()
+        self._forget()
+        io.RawIOBase.close(self)
+        self._raw.close()  # closefd=False: only the wrapper
+        try:
+            _orig["os.close"](self.fd)
+        except OSError as e:
+            self.failed = self.failed or e.strerror or repr(e)
+            self._done(size)
+            raise
+        self._done(size)
+
+    def __del__(self):
+        if self.adopted:  # a Python file's stream now: collected unclosed, it is closed as one
+            super().__del__()
+
+
+def _os_open(path, flags, mode=0o777, *, dir_fd=None):
+    fd = _orig["os.open"](path, flags, mode, dir_fd=dir_fd)
+    if dir_fd is not None or _quiet():
+        return fd
+    rel = _watched(path)
+    if rel is None:
+        return fd
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # a folder opened to fsync it
+        return fd
+    if flags & (os.O_WRONLY | os.O_RDWR):
+        _Descriptor(fd, rel, flags, st)
+    else:
+        _point("file.read", path=rel, size=st.st_size)
+    return fd
+
+
+def _os_write(fd, data):
+    stream = _s.streams.get(fd)
+    if stream is None or (isinstance(stream, _Descriptor) and not stream.same_file()):
+        return _orig["os.write"](fd, data)
+    return stream.write(data, partial=True)
+
+
+def _os_close(fd):
+    stream = _s.streams.get(fd)
+    if stream is None:
+        return _orig["os.close"](fd)
+    if isinstance(stream, _Descriptor) and not stream.adopted and stream.same_file():
+        return stream.close_fd()
+    # a Python file's descriptor closed under it, or a stale entry: forget it
+    stream._forget()
+    return _orig["os.close"](fd)
 
 
 def native_buffer_size(raw) -> int:
@@ -162,6 +260,11 @@ def _open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None
     # Only files opened to write and not to read: a read-write file keeps its own buffering.
     writes = isinstance(mode, str) and any(c in mode for c in "wax") and "+" not in mode
     rel = _watched(file) if writes and not _quiet() else None
+    adopted = _s.streams.get(file) if writes and isinstance(file, int) else None
+    if isinstance(adopted, _Descriptor) and not adopted.adopted and adopted.same_file():
+        # a descriptor os.open (tempfile.mkstemp) opened, made a Python file (os.fdopen): the same count
+        adopted.adopt(_orig["io.open"](file, mode if "b" in mode else mode + "b", 0, None, None, None, closefd))
+        return _buffered(adopted, mode, buffering, encoding, errors, newline)
     if rel is None:
         f = _orig["io.open"](file, mode, buffering, encoding, errors, newline, closefd, opener)
         if not writes and not _quiet() and isinstance(mode, str) and "+" not in mode:
@@ -171,11 +274,20 @@ def _open(file, mode="r", buffering=-1, encoding=None, errors=None, newline=None
     raw = _orig["io.open"](file, mode if binary else mode + "b", 0, None, None, None, closefd, opener)
     if binary and buffering == 0:
         return _Watched(raw, rel, "open")
-    # The buffer io.open would have given it, so the trainer's write(2)s come when they would
-    # without the harness (a failing write surfaces in the same statement: json.dump, not flush).
     size = native_buffer_size(raw) if buffering in (-1, 1) else buffering
     # a first write no longer than the buffer may be its first fill of many small writes
     stream = _Watched(raw, rel, "open", max(WHOLE, size + 1) if binary else None)
+    return _buffered(stream, mode, buffering, encoding, errors, newline)
+
+
+def _buffered(stream: _Watched, mode: str, buffering, encoding, errors, newline):
+    """The file ``io.open`` would have given the trainer, writing through ``stream``."""
+    binary = "b" in mode
+    if binary and buffering == 0:
+        return stream
+    # The buffer io.open would have given it, so the trainer's write(2)s come when they would
+    # without the harness (a failing write surfaces in the same statement: json.dump, not flush).
+    size = native_buffer_size(stream._raw) if buffering in (-1, 1) else buffering
     buffered = io.BufferedWriter(stream, buffer_size=size)
     if binary:
         return buffered
@@ -276,6 +388,8 @@ def _copyfile(src, dst, *, follow_symlinks=True):
 
 def _patch_files() -> None:
     builtins.open = io.open = _open
+    os.open, os.write, os.close = _os_open, _os_write, _os_close
+    _arm("os.write")
     os.fsync = _fsync
     if _orig["fdatasync"] is not None:
         os.fdatasync = _fdatasync

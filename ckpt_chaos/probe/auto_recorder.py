@@ -10,7 +10,7 @@ import sys
 import time
 
 from ckpt_chaos import probe
-from ckpt_chaos.probe.auto_state import _point, _s
+from ckpt_chaos.probe.auto_state import _orig, _point, _s
 
 
 def _ids(indices):
@@ -41,8 +41,44 @@ def _optimizer_step(opt) -> int | None:
     return None
 
 
+def _warm_up(opt, args, kwargs) -> bool:
+    """Whether this optimizer step creates the optimizer's state and trains nothing: torch DCP's
+    ``get_state_dict`` of an optimizer with no state yet (``_init_optim_state``, before a load) steps
+    it on zero gradients with a zero learning rate. Any step with no closure, no backward since the
+    last step and every group's learning rate zero is one, whoever makes it."""
+    if kwargs.get("closure", args[0] if args else None) is not None:
+        return False
+    frame = sys._getframe(1)
+    for _ in range(8):  # the hook runs a few frames under the call of step()
+        if frame is None:
+            break
+        if frame.f_code.co_name == "_init_optim_state":
+            return True
+        frame = frame.f_back
+    if _s.backwards:
+        return False
+    try:
+        return all(float(g["lr"]) == 0.0 for g in opt.param_groups if "lr" in g) and bool(opt.param_groups)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
+def _numbered(opt, count: int | None) -> int | None:
+    """The step the optimizer's count ``count`` stands for: less the warm-up steps (``_warm_up``) that
+    added to it, until a load replaces the state (the count is then not the one the last step left)."""
+    key = id(opt)
+    if count is None:
+        return None
+    if _s.bias.get(key) and count != _s.count_after.get(key):
+        _s.bias[key] = 0
+    return count - _s.bias.get(key, 0)
+
+
 def _before_step(opt, args, kwargs) -> None:
-    done = _optimizer_step(opt)
+    if _warm_up(opt, args, kwargs):
+        _s.warming.add(id(opt))  # no step of training: no point, no record, no digest taken
+        return
+    done = _numbered(opt, _optimizer_step(opt))
     if done is None:
         done = _s.step_of.get(id(opt), 0)
     if _rank() == 0 and _s.run_dir:
@@ -77,9 +113,17 @@ def _folders_changed() -> bool:
 
 
 def _after_step(opt, args, kwargs) -> None:
+    count = _optimizer_step(opt)
+    if id(opt) in _s.warming:
+        _s.warming.discard(id(opt))
+        if count is not None:
+            _s.bias[id(opt)] = _s.bias.get(id(opt), 0) + 1
+            _s.count_after[id(opt)] = count
+        return
     if opt not in _s.optimizers:
         _s.optimizers.append(opt)
-    step = _optimizer_step(opt)
+    step = None if count is None else count - _s.bias.get(id(opt), 0)
+    _s.count_after[id(opt)] = count
     if step is None:
         step = _s.step_of.get(id(opt), 0) + 1
     _s.step_of[id(opt)] = step
@@ -94,12 +138,13 @@ def _after_step(opt, args, kwargs) -> None:
         rec.update(_s.extra)
         _append("trajectory.jsonl", rec)
         _s.last = {"step": step, "optimizer": opt}
-    _s.losses, _s.samples, _s.extra, _s.pre = [], [], {}, {}
+    _s.losses, _s.samples, _s.extra, _s.pre, _s.backwards = [], [], {}, {}, 0
     if "step.end" in _s.step_points:
         _point("step.end", step=step)
 
 
 def _after_backward(tensors) -> None:
+    _s.backwards += 1
     if _s.run_dir and _rank() == 0:  # only rank 0 records
         t = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
         try:
@@ -171,10 +216,11 @@ def _append(name: str, rec: dict) -> None:
     """One JSON line, in one write(2) on a descriptor kept open (O_APPEND: a line a killed process
     wrote is whole, and the lines of several processes do not mix)."""
     key = (name, os.getpid())
-    fd = _s.fds.get(key)
-    if fd is None:
-        fd = _s.fds[key] = os.open(os.path.join(_s.run_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.write(fd, (json.dumps(rec) + "\n").encode())
+    fd = _s.logs.get(key)
+    if fd is None:  # the layer's own records are never reported, whatever folder is watched
+        fd = _s.logs[key] = _orig["os.open"](os.path.join(_s.run_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                             0o644)
+    _orig["os.write"](fd, (json.dumps(rec) + "\n").encode())
 
 
 def _at_exit() -> None:

@@ -32,6 +32,7 @@ WHOLE = 4096  # a first write at least this long, to a file with no planned size
 PATCH_POINTS = {
     "files": ("file.write", "file.done", "file.read", "file.fsync", "file.rename", "file.remove", "file.rmtree",
               "file.copy", "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata"),
+    "os.write": ("file.write", "file.done", "file.read"),
     "torch.optim": ("step.begin", "step.end"),
     "torch.autograd": ("microstep.end",),
     "torch.save": ("ckpt.stage", "file.write", "file.done"),
@@ -44,7 +45,8 @@ PATCH_POINTS = {
 
 _orig = {"open": builtins.open, "io.open": io.open, "fsync": os.fsync, "fdatasync": getattr(os, "fdatasync", None),
          "rename": os.rename, "replace": os.replace, "remove": os.remove, "unlink": os.unlink,
-         "rmtree": shutil.rmtree, "copyfile": shutil.copyfile}
+         "rmtree": shutil.rmtree, "copyfile": shutil.copyfile,
+         "os.open": os.open, "os.write": os.write, "os.close": os.close}
 
 
 class _State:
@@ -56,7 +58,7 @@ class _State:
         self.digest_every = 0
         self.rank: int | None = None
         self.rank_pid = 0
-        self.fds: dict[tuple[str, int], int] = {}  # (file in the run directory, pid) -> descriptor
+        self.logs: dict[tuple[str, int], int] = {}  # (file in the run directory, pid) -> descriptor
         self.armed: list[str] = []
         self.reported: set[str] = set()  # patches this process has told the controller about
         self.versions: dict[str, str | None] = {}  # framework -> the release found when it was patched
@@ -64,8 +66,15 @@ class _State:
         self.pid = 0
         self.local = threading.local()  # re-entrancy: a patched call inside another is not reported twice
         self.fds: dict[int, str] = {}  # open file descriptors of watched files -> path, for fsync
+        # descriptors of watched files being written -> the stream that counts their bytes: a Python
+        # file's, for os.write on its fileno(), or one made for a descriptor os.open opened
+        self.streams: dict = {}
         # the recorder
         self.step_of: dict[int, int] = {}  # id(optimizer) -> steps counted
+        self.warming: set[int] = set()  # id(optimizer) of a step that only creates its state
+        self.bias: dict[int, int] = {}  # id(optimizer) -> warm-up steps its count holds since its last load
+        self.count_after: dict[int, int | None] = {}  # id(optimizer) -> its own count after its last step
+        self.backwards = 0  # backwards since the last optimizer step
         self.losses: list[str] = []
         self.samples: list = []  # ids of the batches this step's backwards trained on
         self.batch = None  # ids of the batch a data loader delivered last

@@ -9,7 +9,10 @@ meaning or goes away), ``tool_version`` (the ckpt-chaos that wrote them) and, pe
 trainer (``trainer``: its module, or a ``[command]`` trainer's command, launcher and source file;
 ``trainer_module``, null for a ``[command]`` trainer) and its code's revision (``{"commit", "dirty"}``
 of the git repository the module or source file is tracked in, null when it is not in git).
-``results.json``'s ``plots`` says whose plots the run drew (all, failed, none).
+``results.json``'s ``plots`` says whose plots the run drew (all, failed, none). A row's timings
+(``time_to_detect_s``, ``time_to_recover_s``, ``save_s``, ``save_stall_s``) are null where the run
+does not allow them, and ``timings_why`` then says why, by column; the page shows such a cell as a
+dash whose title is the reason, and lists the reasons under the scenario.
 A row's ``verdict`` is ``pass``, ``fail`` or ``skipped``,
 or for a scenario with ``expect.known_failure``: ``xfail`` (that check failed, as documented) or
 ``xpass`` (it did not: a fixed bug, or a known failure that no longer shows; this fails the suite).
@@ -431,7 +434,14 @@ _env.globals["others"] = lambda counts: "".join(f", {n} {v}" for v, n in sorted(
                                                 if v not in ("pass", "fail", "skipped") and n)
 # Self-contained: inline CSS and script, plots as SVG files next to each scenario's history. It opens
 # from the file system with no network.
-_TEMPLATE = _env.from_string("""<!doctype html>
+# The timing columns, as the page names them; a value left empty says why (a row's ``timings_why``).
+TIMINGS = {"time_to_detect_s": "detect (s)", "time_to_recover_s": "recover (s)", "save_s": "save (s)",
+           "save_stall_s": "save stall (s)"}
+_env.globals["TIMINGS"] = TIMINGS
+_TEMPLATE = _env.from_string("""{% macro timing(r, key, digits=1) -%}
+{% if r[key] is none and r.timings_why and r.timings_why[key] %}<td class="num why" title="{{ r.timings_why[key] }}">&ndash;</td>
+{%- else %}<td class="num">{{ r[key]|fmt(digits) }}</td>{% endif %}
+{%- endmacro %}<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>ckpt-chaos: {{ suite }}</title>
 <style>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; max-width: 1300px; }
@@ -439,7 +449,7 @@ table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 4
 th { background: #f3f3f3; cursor: pointer; user-select: none; } th:after { content: " \\2195"; color: #aaa; }
 .pass { background: #e5f5e0; } .fail, .xpass { background: #fde0dd; } .skipped, li.warn { background: #fff7bc; }
 .xfail { background: #e0ecf4; }
-td.num { text-align: right; } #banner { padding: 1em; font-size: 1.3em; margin-bottom: 1em; border-radius: 6px; }
+td.num { text-align: right; } td.why { color: #888; cursor: help; } #banner { padding: 1em; font-size: 1.3em; margin-bottom: 1em; border-radius: 6px; }
 .family { display: inline-block; margin: 0 1em 0.5em 0; padding: 2px 8px; border-radius: 4px; }
 section.scenario { border-top: 2px solid #ddd; margin-top: 2em; padding-top: 0.5em; }
 section.scenario img { max-width: 100%; display: block; margin: 0.5em 0; }
@@ -464,14 +474,15 @@ checkpoint path {{ coverage.line_percent|fmt }} % of lines, {{ coverage.branch_p
 <td>{{ r.families|join(' ') }}: {{ r.kinds|join(' ') }}</td>
 <td>{{ shown(r, 'resumed_from') }}</td>
 <td class="num">{{ r.launches }}</td><td class="num">{{ shown(r, 'steps_lost') }}</td>
-<td class="num">{{ r.time_to_detect_s|fmt }}</td><td class="num">{{ r.time_to_recover_s|fmt }}</td>
-<td class="num">{{ r.save_stall_s|fmt(3) }}</td><td class="num">{{ r.wall_s|fmt }}</td></tr>
+{{ timing(r, 'time_to_detect_s') }}{{ timing(r, 'time_to_recover_s') }}
+{{ timing(r, 'save_stall_s', 3) }}<td class="num">{{ r.wall_s|fmt }}</td></tr>
 {% endfor %}</tbody></table>
 {% for r in rows %}<section class="scenario" id="{{ r.scenario }}">
 <h2 class="{{ r.verdict }}">{{ r.scenario }}: {{ r.verdict }}</h2>
 {% if r.reason %}<p><b>{{ r.reason }}</b></p>{% endif %}
 {% if trainer_text(r) %}<p class="trainer">Trainer: <code>{{ trainer_text(r) }}</code>{% if r.trainer and r.trainer.source %}
 (<code>{{ r.trainer.source }}</code>){% endif %}</p>{% endif %}
+{% if r.timings_why %}<p class="timings">Not measured: {% for k, w in r.timings_why|dictsort %}<b>{{ TIMINGS.get(k, k) }}</b>: {{ w }}{% if not loop.last %}; {% endif %}{% endfor %}</p>{% endif %}
 {% if r.failed %}<p>Diagnosis:</p><ul class="failed">{% for c in r.failed %}<li><b>{{ c.name }}</b>: {{ c.detail }}</li>{% endfor %}</ul>{% endif %}
 {% if r.plots.loss %}<img class="plot" src="{{ r.scenario }}/{{ r.plots.loss }}" alt="loss of {{ r.scenario }} against the golden run">{% endif %}
 {% if r.plots.timeline %}<img class="plot" src="{{ r.scenario }}/{{ r.plots.timeline }}" alt="timeline of {{ r.scenario }}">{% endif %}

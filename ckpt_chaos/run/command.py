@@ -224,8 +224,11 @@ def golden_key(s: Scenario) -> str:
     h = hashlib.sha256()
     tree = golden_tree()  # pinned (mutation testing): the pristine tree's files, not the mutant's
     files = [(p, Path(tree or ".") / p) for p in _key_files(s, tree)]
-    # the layer's code shapes the records too, and follow.py the plan made of them
-    for name, p in files + [(Path(m.__file__), Path(m.__file__)) for m in (auto, follow)]:
+    # the layer's code shapes the records too (every module of it), and follow.py the plan made of them
+    layer = sorted(Path(auto.__file__).parent.glob("auto*.py")) + [Path(follow.__file__)]
+    if uses_faultfs(s):  # and faultfs's, whose points the golden run records for a trigger's plan and aim
+        layer += [Path(__file__).parents[1] / "env" / n for n in ("faultfs.py", "faultfs_probe.py")]
+    for name, p in files + [(m, m) for m in layer]:
         h.update(str(name).encode())
         h.update(p.read_bytes())
     c = asdict(s.command)
@@ -320,12 +323,14 @@ def first_difference(a: Path, b: Path, fields: tuple[str, ...]) -> dict | None:
 
 
 def unstable(a: Path, b: Path) -> list[str]:
-    """Recorded fields that differ between two fault-free runs anywhere (an unseeded Python RNG):
-    the diagnosis does not blame them."""
+    """Recorded fields whose values differ between two fault-free runs at a step both recorded them
+    (an unseeded Python RNG): the diagnosis does not blame them. A field one run recorded at a step and
+    the other did not is not unstable: the state digests are taken before the step after a save, which
+    a save the layer does not see (a writer thread, another rank's files) shows a step earlier or later."""
     ta = {r["step"]: r for r in read_jsonl(a / "trajectory.jsonl")}
     tb = {r["step"]: r for r in read_jsonl(b / "trajectory.jsonl")}
-    return sorted({k for step in set(ta) & set(tb) for k in set(ta[step]) | set(tb[step])
-                   if k != "t" and ta[step].get(k) != tb[step].get(k)})
+    return sorted({k for step in set(ta) & set(tb) for k in set(ta[step]) & set(tb[step])
+                   if k != "t" and ta[step][k] != tb[step][k]})
 
 
 def check_triggers(s: Scenario, golden: Path) -> None:

@@ -34,7 +34,7 @@ from filelock import FileLock
 from ckpt_chaos.check.judge import check_run
 from ckpt_chaos.run import command
 from ckpt_chaos.run.controller import ProbeServer
-from ckpt_chaos.run.triggers import Generator, launch_of
+from ckpt_chaos.run.triggers import Generator, Holds, launch_of
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, Healed, History, LaunchStarted,
                                      ProbeEvent, RankExited, Reaped, TornDown, final_state, launch_logs, of,
                                      read_history, snapshot_checkpoints, trainer_events)
@@ -75,6 +75,7 @@ class Result:
     save_s: float | None = None  # median wall time of a checkpoint save in the chaos run
     save_stall_s: float | None = None  # median time training waited for a save (less than save_s when async)
     resumed_from: list[str] = field(default_factory=list)  # per relaunch: the checkpoint it loaded, or "scratch"
+    timings_why: dict[str, str] = field(default_factory=dict)  # a timing left empty (None) -> why
     wall_s: float = 0.0
     run_dir: str = ""
 
@@ -220,6 +221,7 @@ class ChaosRun:
         self.ckpt_root = storage.view  # what the harness reads; the trainer writes to run_dir/checkpoints
         self.history = History(run_dir / "history.jsonl")
         self.generator = Generator(scenario.faults)
+        self.holds = Holds(self.generator, self.history)  # senders of held triggers wait there (when.after)
         self.lock = threading.Lock()
         self.pids: dict[int, int] = {}
         # (launch, rank) -> pid as each rank reported it, noted before the lock is taken: a fault that
@@ -238,12 +240,22 @@ class ChaosRun:
             with self.reported:
                 self.reported_pids[(launch_of(event), event["rank"])] = event["pid"]
                 self.reported.notify_all()
+        self.holds.heard(event)
         with self.lock:
             try:
-                return self._on_event(event)
+                answer = self._on_event(event)
             except Exception as e:  # a harness bug must show up in the verdict, not vanish in a thread
                 self._harness_error(f"{type(e).__name__}: {e}")
                 return None
+            if not self.generator.waiting(event):
+                return answer
+        try:  # outside the lock: the process that reaches the earlier fault's trigger must be heard
+            held = self.holds.wait(event, self.lock,
+                                   lambda i, fault, held_s: self._fire(i, fault, event, held_s=held_s))
+        except Exception as e:
+            self._harness_error(f"{type(e).__name__}: {e}")
+            return answer
+        return held or answer
 
     def _await_pids(self, ranks: list[int], event: dict, timeout: float) -> None:
         """Called by a nemesis, under ``lock``, while the rank that sent ``event`` waits at its probe
@@ -299,19 +311,28 @@ class ChaosRun:
                                         launch=launch_no, info=event.get("info", {}), role=role))
         answer = None
         for index, fault in self.generator.observe(event):
-            # A probe event holds its rank, so a snapshot first costs nothing; an external event holds
-            # nobody, and the time a snapshot takes would let the trainer run past the trigger.
-            snap = None if external else snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
-            fired_at = time.time()
-            act, record = self.nemeses.fire(fault, event)
-            # what the remote tier holds right after the fault acted
-            remote_after = self.remote.snapshot() if self.remote is not None else None
-            self.history.add(FaultFired(t=fired_at, index=index, fault=fault.kind, target=fault.target,
-                                        launch=launch_no, at={"point": event["point"], "rank": event["rank"],
-                                                              "info": event.get("info", {})},
-                                        snapshot_before=snap or None, remote_after=remote_after, detail=record))
-            answer = act or answer
+            answer = self._fire(index, fault, event) or answer
         return answer
+
+    def _fire(self, index: int, fault, event: dict, held_s: float | None = None) -> dict | None:
+        """Fault ``index`` acts on ``event`` (under ``lock``, its sender waiting at its point); its answer
+        to the sender. ``held_s``: how long the trigger was held for the fault it waits for."""
+        external = event["point"] == "fs.created"
+        # A probe event holds its rank, so a snapshot first costs nothing; an external event holds
+        # nobody, and the time a snapshot takes would let the trainer run past the trigger.
+        snap = None if external else snapshot_checkpoints(self.ckpt_root, verify_checksums=False)
+        fired_at = time.time()
+        act, record = self.nemeses.fire(fault, event)
+        if held_s is not None:
+            record = {**record, "held_s": round(held_s, 3), "after": fault.when.after}
+        # what the remote tier holds right after the fault acted
+        remote_after = self.remote.snapshot() if self.remote is not None else None
+        self.history.add(FaultFired(t=fired_at, index=index, fault=fault.kind, target=fault.target,
+                                    launch=launch_of(event), at={"point": event["point"], "rank": event["rank"],
+                                                                 "info": event.get("info", {})},
+                                    snapshot_before=snap or None, remote_after=remote_after, detail=record))
+        self.holds.changed()
+        return act
 
     def run(self) -> None:
         if self.s.cluster.backend == "slurm":
@@ -371,6 +392,7 @@ class ChaosRun:
                 finally:
                     stop_watching.set()
                     job.kill()
+                    self.holds.launch_over(n)
                     healed = self.nemeses.heal()
                 if files is not None:
                     files.drain()  # everything the launch's processes did is in files.jsonl before its end is
@@ -444,6 +466,7 @@ class ChaosRun:
                     try:
                         rc = self._watch(attempt, deadline)
                     finally:
+                        self.holds.launch_over(n)
                         healed = self.nemeses.heal()
                     also = [Reaped(launch=n, pids=attempt.leftovers_killed,
                                    why="ranks whose torchrun Slurm had killed (they have sessions of their own, "
@@ -667,15 +690,19 @@ def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str]
     events = trainer_events(run_dir, "saved")
     saves = [e["total_s"] for e in events if e.get("total_s") is not None]
     stalls = [e["stall_s"] for e in events if e.get("stall_s") is not None]
+    for key, measure, found in (("save_s", "total_s", saves), ("save_stall_s", "stall_s", stalls)):
+        if not found and getattr(report, key) is None:
+            report.timings_why.setdefault(key, f"the trainer reported no save with its {measure} (a saved event in "
+                                               "events.jsonl)")
     # A scenario passes only if every check that applies passed: one that could not tell fails it.
     result = Result(scenario=s.name, verdict="pass" if report.verdict == "pass" else "fail", reason=report.reason,
                   families=s.families,
                   kinds=s.kinds, tags=s.tags, checks=[asdict(c) for c in report.checks],
                   launches=report.launches, steps_lost=report.steps_lost,
                   time_to_detect_s=report.time_to_detect_s, time_to_recover_s=report.time_to_recover_s,
-                  save_s=statistics.median(saves) if saves else None,
-                  save_stall_s=statistics.median(stalls) if stalls else None, resumed_from=report.resumed_from,
-                  run_dir=str(run_dir))
+                  save_s=statistics.median(saves) if saves else report.save_s,
+                  save_stall_s=statistics.median(stalls) if stalls else report.save_stall_s,
+                  resumed_from=report.resumed_from, timings_why=report.timings_why, run_dir=str(run_dir))
     versions = probe_versions(read_history(run_dir))
     if versions is not None:
         result.checks.append(versions)

@@ -4,15 +4,29 @@ The generator sees the probe events in the order the controller receives them an
 for each event, which faults fire on it. Each fault fires at most once. Counting per rank (a
 trigger with ``rank``) is deterministic because one rank's events arrive in program order;
 counting over all ranks is deterministic in *where* it fires, not in which rank gets there first.
+
+A fault with ``when.after = N`` whose trigger matches before fault N has fired is *held*: the event
+is counted as usual, and the runner keeps its sender waiting at the point until fault N fires, then
+fires it on that event (``ready``, ``release``). The hold ends without firing where fault N can no
+longer fire (``hopeless``), or where the runner gives up on it (``give_up``): nothing waits forever.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import threading
+import time
 from collections import defaultdict
+from typing import Callable
 
+from ckpt_chaos.check.history import Held, History
 from ckpt_chaos.probe import follow
 from ckpt_chaos.scenario import Fault, Trigger
+
+# How long every process of a run may stay silent while a trigger is held before the hold is let go.
+# Only an order the run cannot follow gets there (the held process is the one the earlier fault's
+# trigger needs, through a collective or a queue): the run it ends says so, and is never a pass.
+HOLD_IDLE_S = 30.0
 
 
 def launch_of(event: dict) -> int:
@@ -24,28 +38,64 @@ class Generator:
     def __init__(self, faults: list[Fault]):
         self.faults = list(faults)
         self.fired: dict[int, dict] = {}  # fault index -> the event it fired on
+        self.held: dict[int, dict] = {}  # fault index -> the event it matched, waiting for its ``after``
+        self.given_up: dict[int, str] = {}  # fault index -> why its hold ended without it firing
         self._matches: dict[int, int] = defaultdict(int)
         self._saves: dict[tuple[int, int], int] = defaultdict(int)  # (launch, rank) -> saves begun
         self._saving: dict[tuple[int, int], str] = {}  # (launch, rank) -> name of the save in progress
 
     def observe(self, event: dict) -> list[tuple[int, Fault]]:
-        """The faults that fire on this event (usually none)."""
+        """The faults that fire on this event (usually none); those whose ``after`` has not fired are
+        left held on it (``waiting``)."""
         launch, rank = launch_of(event), event["rank"]
         if event["point"] == "ckpt.stage":
             self._saves[(launch, rank)] += 1
             self._saving[(launch, rank)] = event.get("info", {}).get("name")
         due = []
         for i, fault in enumerate(self.faults):
-            if i in self.fired or fault.attempt != launch:
+            if i in self.fired or i in self.held or i in self.given_up or fault.attempt != launch:
                 continue
             if not self._matches_trigger(fault.when, event, self._saves[(launch, rank)],
                                          self._saving.get((launch, rank))):
                 continue
             self._matches[i] += 1
             if self._matches[i] == fault.when.nth:
-                self.fired[i] = event
-                due.append((i, fault))
+                self.held[i] = event
+        # in index order, and again for one waiting for a fault that fired on this same event after it
+        while ready := [i for i in self.waiting(event) if self.ready(i)]:
+            due += [(i, self.release(i)) for i in ready]
         return due
+
+    def waiting(self, event: dict) -> list[int]:
+        """The faults held on ``event``, in index order."""
+        return sorted(i for i, e in self.held.items() if e is event)
+
+    def ready(self, i: int) -> bool:
+        """Fault ``i`` may fire: it waits for no fault, or for one that has fired."""
+        after = self.faults[i].when.after
+        return after is None or after in self.fired
+
+    def hopeless(self, i: int, launch: int) -> str | None:
+        """Why fault ``i``, held in ``launch``, can no longer fire: the fault it waits for belongs to a
+        launch that is over, or its own hold ended without it firing; None while it still may."""
+        after = self.faults[i].when.after
+        if after is None or after in self.fired:
+            return None
+        if after in self.given_up:
+            return f"fault {after} never fired either ({self.given_up[after]})"
+        if self.faults[after].attempt < launch:
+            return f"fault {after} belongs to launch {self.faults[after].attempt}, which ended without it firing"
+        return None
+
+    def release(self, i: int) -> Fault:
+        """Fault ``i`` fires on the event it was held at."""
+        self.fired[i] = self.held.pop(i)
+        return self.faults[i]
+
+    def give_up(self, i: int, why: str) -> dict:
+        """Fault ``i``'s hold ends without it firing; the event it was held at."""
+        self.given_up[i] = why
+        return self.held.pop(i)
 
     @staticmethod
     def _matches_trigger(t: Trigger, event: dict, saves_begun: int, saving: str | None) -> bool:
@@ -60,7 +110,80 @@ class Generator:
                 and (t.path is None or follow.matches(info, t.path)))  # a temporary file by its final name too
 
     def unfired(self) -> list[tuple[int, Fault]]:
+        """Faults that never fired, held ones and those given up included."""
         return [(i, f) for i, f in enumerate(self.faults) if i not in self.fired]
+
+
+class Holds:
+    """Where the runner keeps a held event's sender waiting (its connection's thread, outside the
+    runner's lock, so that every other process goes on): until the fault its held faults wait for
+    fires, or they can no longer fire (``Generator.hopeless``, their launch is over, or no process
+    has said anything for ``idle_s``). A hold that ends without firing is written to the history."""
+
+    def __init__(self, generator: Generator, history: History, idle_s: float = HOLD_IDLE_S):
+        self.g = generator
+        self.history = history
+        self.idle_s = idle_s
+        self._changed = threading.Condition()
+        self._generation = 0
+        self._heard = time.monotonic()
+        self._latest = 0  # the newest launch a process reported from
+        self._ended: set[int] = set()
+
+    def heard(self, event: dict) -> None:
+        """A process reported: the run is making progress (a torchrun restart's events end the launch before)."""
+        with self._changed:
+            self._heard = time.monotonic()
+            self._latest = max(self._latest, launch_of(event))
+            self._generation += 1
+            self._changed.notify_all()
+
+    def changed(self) -> None:
+        """A fault fired: a held one may be ready."""
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    def launch_over(self, launch: int) -> None:
+        with self._changed:
+            self._ended.add(launch)
+            self._generation += 1
+            self._changed.notify_all()
+
+    def _why_not(self, i: int, launch: int) -> str | None:
+        after = self.g.faults[i].when.after
+        if (why := self.g.hopeless(i, launch)) is not None:
+            return why
+        if launch in self._ended or self._latest > launch:
+            return f"launch {launch} ended before fault {after} fired"
+        if time.monotonic() - self._heard > self.idle_s:
+            return (f"no process reported anything for {self.idle_s:.0f} s while it was held: fault {after}'s "
+                    "trigger needed the held process to go on (a collective, a queue), so the order declared runs "
+                    "against the trainer's own")
+        return None
+
+    def wait(self, event: dict, lock: threading.Lock, fire: Callable[[int, Fault, float], "dict | None"]) -> "dict | None":
+        """Hold ``event``'s sender while faults are held on it; each fires, by ``fire(index, fault,
+        held_s)`` under ``lock``, once the fault it waits for has. The answers of those that fired."""
+        launch, start, answer = launch_of(event), time.monotonic(), None
+        while True:
+            with self._changed:
+                seen = self._generation
+            with lock:
+                mine = self.g.waiting(event)
+                for i in mine:
+                    if self.g.ready(i):
+                        answer = fire(i, self.g.release(i), time.monotonic() - start) or answer
+                    elif (why := self._why_not(i, launch)) is not None:
+                        self.g.give_up(i, why)
+                        self.history.add(Held(index=i, launch=launch, after=self.g.faults[i].when.after,
+                                              at={"point": event["point"], "rank": event["rank"],
+                                                  "info": event.get("info", {})},
+                                              held_s=round(time.monotonic() - start, 3), why=why))
+                if not self.g.waiting(event):
+                    return answer
+            with self._changed:
+                self._changed.wait_for(lambda: self._generation != seen, timeout=1.0)
 
 
 # ---- what the fault-free run says a trigger can reach ---------------------------------------------

@@ -21,7 +21,7 @@ from ckpt_chaos.scenario import Expect, Fault, Recovery, Remote, Scenario, Stora
 __all__ = ["CORRUPT_FILES", "DISK_FULL_PLACES", "ERRNO_SITES", "RANK0_POINTS", "RECOVERY_POINTS", "SAVE_POINTS",
            "STEP_POINTS", "TRAINER", "WORLD_SIZE", "errno_site", "position", "save_step"]
 
-MAX_LAUNCHES = 2  # launch-ending faults per schedule: each relaunch costs 2-4 s here, a hang 8 s more
+MAX_LAUNCHES = 2  # launch-ending faults per schedule: each relaunch costs 2-4 s on 2 cores, a hang 8 s more
 # Not a fault: every relaunch comes back on fewer ranks (a node lost for good). A family of the search's
 # own, off by default: the trajectory is then compared within a tolerance, and the default search stays
 # as it was.
@@ -95,6 +95,36 @@ def _on_world(f: Fault, world: int) -> Fault:
     return f
 
 
+def _declare_order(s: Scenario) -> None:
+    """A schedule whose faults would race (fire on different processes' events, ``ckpt_chaos/order.py``)
+    gets the order of its story: each fault of a launch waits for the one before it in training's order
+    (``position``; an upload's points after its save's), faults at no known place in the order drawn.
+    So the verdict does not depend on which process is quicker, and no fault waits for a point that
+    only comes after its own."""
+    from ckpt_chaos import order
+
+    if not order.races(s):
+        return
+    late = len(STEP_POINTS) + len(SAVE_POINTS)
+
+    def place(k: int, before: tuple[int, int]) -> tuple[int, int]:
+        t = s.faults[k].when
+        at = position(t)
+        if at is None and save_step(t) is not None:  # the uploader's: after its checkpoint was committed
+            at = (save_step(t), late)
+        return before if at is None else at
+
+    by_launch: dict[int, list[tuple[tuple[int, int], int]]] = {}
+    for k, f in enumerate(s.faults):
+        chain = by_launch.setdefault(f.attempt, [])
+        chain.append((place(k, chain[-1][0] if chain else (0, -late)), k))
+    for chain in by_launch.values():
+        chain.sort()
+        for (_, prev), (_, k) in zip([(None, None)] + chain, chain):
+            # a fresh trigger each: faults of one event may share theirs
+            s.faults[k].when = dataclasses.replace(s.faults[k].when, after=prev)
+
+
 def build(faults: list[Fault], trainer_module: str, name: str | None = None, description: str = "",
           suites: tuple[str, ...] = ("explore",), world_after: int | None = None) -> Scenario:
     """The scenario of a schedule; its name is a hash of its content, so a schedule has one name.
@@ -119,6 +149,7 @@ def build(faults: list[Fault], trainer_module: str, name: str | None = None, des
                  expect=expected(faults))
     if world_after is not None and world_after != WORLD_SIZE:
         s.expect.trajectory = "tolerance"
+    _declare_order(s)
     if name is None:
         digest = hashlib.sha256(s.to_toml().encode()).hexdigest()[:10]
         name = f"explore-{digest}"

@@ -5,6 +5,7 @@ report (JUnit XML, JSON where asked) and, last, what failed and why."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -43,6 +44,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"ckpt-chaos run: --executor slurm: {why}", file=sys.stderr)
             return EXIT_CANNOT_RUN
     _check_coverage_options(args, target)
+    if (code := _load_missing(args, target)) is not None:
+        return code
     reports = Path(args.reports) if args.reports else config.out_dir(args.out, project()) / "reports"
     golden = Path(args.golden_dir) if args.golden_dir else config.golden_dir()
     console = Console(stderr=args.json)
@@ -53,7 +56,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _begin(args, chosen, console, suite, out, target, jobs)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     run = _SuiteRun(args, chosen, console, suite, out, plots)
-    if (code := _run_all(run, golden, jobs, target)) is not None:
+    with _background_load(args, out, console):
+        code = _run_all(run, golden, jobs, target) if args.repeat == 1 else _run_repeated(run, golden, jobs, target)
+    if code is not None:
         return code  # interrupted, or the Slurm jobs could not be run: written and said already
     failing = [r for r in run.rows if results.failed(r)]
     skipped = [r for r in run.rows if r["verdict"] == "skipped"]
@@ -61,6 +66,66 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = run.finish(code)
     _summary(run, failing, skipped, code)
     return code
+
+
+def _load_missing(args: argparse.Namespace, target) -> int | None:
+    """``--load`` where it cannot be made: the run does not start, and says why (a run meant to show
+    what load changes would show nothing without it)."""
+    if not args.load:
+        return None
+    from ckpt_chaos.run import load
+
+    why = ("the load is made on this machine, and the scenarios run on the Slurm cluster's nodes"
+           if target is not None else load.missing())
+    if why is None:
+        return None
+    print(f"ckpt-chaos run: --load {args.load}: SKIPPED, nothing run: {why}", file=sys.stderr)
+    return EXIT_CANNOT_RUN
+
+
+@contextlib.contextmanager
+def _background_load(args: argparse.Namespace, out: Path, console):
+    """stress-ng busy for as long as the scenarios run (``--load``), its files beside the runs."""
+    if not args.load:
+        yield
+        return
+    from ckpt_chaos.run import load
+
+    with load.Load(args.load, out) as running:
+        console.print(f"background load ({args.load}): {' '.join(running.proc.args)} (pid {running.proc.pid}), "
+                      "stopped with the run")
+        yield
+
+
+def _run_repeated(run: "_SuiteRun", golden: Path, jobs: int, target) -> int | None:
+    """``--repeat N``: every scenario N times, the last run in the suite's folder (its report's), the
+    others in repeat/run-K; then one row each, a scenario whose runs disagree failing as flaky
+    (``ckpt_chaos/run/repeat.py``). None once done; the exit status where a run was interrupted."""
+    from ckpt_chaos.report import results
+    from ckpt_chaos.run import repeat
+
+    args, n, by_name = run.args, run.args.repeat, {}
+    for k in range(1, n + 1):
+        out = run.out if k == n else run.out / "repeat" / f"run-{k}"
+        out.mkdir(parents=True, exist_ok=True)
+        run.console.print(f"[bold]run {k} of {n}[/] ({out})")
+        one = _SuiteRun(args, run.chosen, run.console, run.suite, out, run.plots)
+        if (code := _run_all(one, golden, jobs, target)) is not None:
+            return code
+        for row in one.rows:
+            by_name.setdefault(row["scenario"], []).append(row)
+        if args.exitfirst and any(results.failed(r) for r in one.rows):
+            break
+    run.rows[:] = [repeat.merged(by_name[s.name]) for s in run.chosen if s.name in by_name]
+    for row in run.rows:
+        flaky = next((c for c in row["checks"] if c["name"] == "flaky"), None)
+        if flaky is not None:
+            run.console.print(f"[red]FLAKY[/] {row['scenario']}: {flaky['detail']}", markup=True,
+                              highlight=False, soft_wrap=True)
+    same = sum(1 for r in run.rows if not any(c["name"] == "flaky" for c in r["checks"]))
+    run.console.print(f"--repeat {n}: {same} of {len(run.rows)} scenario(s) had the same verdict and failing "
+                      "checks on every run")
+    return None
 
 
 def _chosen(args: argparse.Namespace) -> list:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 from pathlib import Path
 
 from ckpt_chaos.subcommands.common import EXIT_OK, UsageError, json_out, project
@@ -36,34 +37,63 @@ def _files(d: Path) -> list[Path]:
     return [p for p in sorted(d.rglob("*.toml")) if p.name != "pyproject.toml"]
 
 
-def _catalogue(args: argparse.Namespace) -> dict:
-    """Every scenario in the folders, by name; a name used twice is an error naming both files."""
-    from ckpt_chaos.scenario import load
+def _catalogue(args: argparse.Namespace) -> tuple[dict, dict]:
+    """Every scenario in the folders, by name; a name used twice is an error naming both files. And the
+    files that do not load, by the name they would have, with their error: one bad file does not stop
+    the others of its folder from being named and run."""
+    from ckpt_chaos.scenario import ScenarioError, load
 
-    by_name = {}
+    by_name, invalid = {}, {}
     for d in scenario_dirs(args):
         for path in _files(d):
-            s = load(path)
+            try:
+                s = load(path)
+            except ScenarioError as e:
+                invalid.setdefault(_name_of(path), e)
+                continue
             if s.name in by_name:
                 raise UsageError(f"{path}: name: {s.name!r} is also the name of {by_name[s.name].source}; "
                                  "names must be unique across the scenario folders: rename one of the files "
                                  "(or set its `name`)")
             by_name[s.name] = s
-    return by_name
+    return by_name, invalid
+
+
+def _name_of(path: Path) -> str:
+    """The name a scenario file that does not load would have: its ``name`` where it can be read, else
+    the file's name without ``.toml``."""
+    import tomllib
+
+    try:
+        name = tomllib.loads(path.read_text()).get("name")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        name = None
+    return name if isinstance(name, str) and name else path.stem
 
 
 def _lookup(args: argparse.Namespace, name: str):
     """A scenario named on the command line that the folders selected lack: the first of that name in the
-    project's folders or the built-in catalogue (naming one asks for it), else None."""
-    from ckpt_chaos.scenario import load
+    project's folders or the built-in catalogue (naming one asks for it), else None. A file of that name
+    that does not load raises its error; other such files are passed over."""
+    from ckpt_chaos.scenario import ScenarioError, load
 
     selected = scenario_dirs(args)
     for d in project().lookup_dirs(_given(args), builtin=args.builtin):
         if d not in selected:
             for path in _files(d):
-                if (s := load(path)).name == name:
+                try:
+                    s = load(path)
+                except ScenarioError:
+                    if _name_of(path) == name:
+                        raise
+                    continue
+                if s.name == name:
                     return s
     return None
+
+
+def _not_loaded(invalid: dict) -> str:
+    return "; ".join(str(e) for e in invalid.values())
 
 
 def select_scenarios(args: argparse.Namespace) -> list:
@@ -72,12 +102,14 @@ def select_scenarios(args: argparse.Namespace) -> list:
     its ``default`` suite (``run``) or all of it (``list``)."""
     from ckpt_chaos.scenario import FULL_SUITE, builtin, load
 
-    by_name = _catalogue(args)
+    by_name, invalid = _catalogue(args)
     if args.scenario:
         chosen = []
         for ref in args.scenario:
             if ref in by_name:
                 chosen.append(by_name[ref])
+            elif ref in invalid:
+                raise UsageError(str(invalid[ref]))
             elif Path(ref).is_file():
                 chosen.append(load(ref))
             elif (found := _lookup(args, ref)) is not None:
@@ -88,7 +120,12 @@ def select_scenarios(args: argparse.Namespace) -> list:
                                  + (f"; did you mean {', '.join(near)}?" if near else "")
                                  + "; `ckpt-chaos list` shows the names, --scenarios DIR selects a folder, "
                                    "--builtin adds the built-in catalogue")
+        for name, e in invalid.items():  # said, not fatal: none of them was asked for
+            print(f"ckpt-chaos {args.command}: {name} not loaded: {e}", file=sys.stderr)
     else:
+        if invalid:  # the suite asked for holds them
+            raise UsageError(f"{len(invalid)} scenario file(s) of the folders selected do not load: "
+                             f"{_not_loaded(invalid)}")
         ordered = sorted(by_name.values(), key=lambda s: s.name)
         if args.suite is not None:
             chosen = [s for s in ordered if args.suite in s.suites]

@@ -13,8 +13,8 @@ An operator that moves or drops whole statements works on the block that holds t
 its children. The prefix of each statement slot (its indentation, blank lines and comments)
 stays where it was, so a diff shows the statements that moved and nothing else.
 
-Only cosmic-ray (through ``benchmarks/mutation.py``) imports this module; it needs the
-``mutation`` extra.
+Only cosmic-ray (started by ``ckpt_chaos.mutation.driver``) imports this module, through the entry
+point; it needs the ``mutation`` extra.
 """
 
 from __future__ import annotations
