@@ -217,7 +217,9 @@ def judge(c: Cell, row: dict) -> dict:
             "expected": e.verdict, "expected_resume": e.resumed, "expected_checks": list(e.checks),
             "expected_cause": list(e.cause), "why": e.why, "got": got,
             "resumed_from": row.get("resumed_from") or [], "agree": agree,
-            "first_failing": first["name"] if first else "", "detail": (first or {}).get("detail") or error,
+            "first_failing": first["name"] if first else "",
+            "detail": (first or {}).get("detail") or error[error.find("ScenarioError"):] if "ScenarioError" in error
+            else (first or {}).get("detail") or error,
             "wall_s": row.get("wall_s"), "run_dir": row.get("run_dir", "")}
 
 
@@ -339,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("-n", type=int, default=int(os.environ.get("IDIOMS_JOBS", "2")))
             s.add_argument("--out", type=Path, default=REPO / "build" / "idioms")
             s.add_argument("--table", type=Path, default=None)
+    j = sub.add_parser("rejudge", help="judge the cells of earlier runs again (their results.json), as this "
+                                        "model and judge say now; rewrites each OUT/matrix.json")
+    j.add_argument("outs", type=Path, nargs="+")
     t = sub.add_parser("table")
     t.add_argument("results", type=Path, nargs="+")
     t.add_argument("--out", type=Path, default=REPO / "docs" / "idioms.md")
@@ -348,6 +353,17 @@ def main(argv: list[str] | None = None) -> int:
         for r in args.results:
             lines.update({x["cell"]: x for x in json.loads(r.read_text())["cells"]})
         write_table(args.out, list(lines.values()))
+        return 0
+    if args.cmd == "rejudge":
+        by_name = {c.name: c for c in cells()}
+        for out in args.outs:
+            rows = {}
+            for results in sorted((out / "runs").glob("reports/*/*/results.json")):
+                rows.update({r["scenario"]: r for r in json.loads(results.read_text())["results"]
+                             if r.get("scenario") in by_name})
+            lines = [judge(by_name[name], row) for name, row in rows.items()]
+            (out / "matrix.json").write_text(json.dumps({"cells": lines}, indent=1))
+            print(f"{out}: {len(lines)} cells, {sum(not x['agree'] for x in lines)} disagreeing")
         return 0
     chosen = cells(args.k)
     if args.sample:
