@@ -200,7 +200,9 @@ def judge(c: Cell, row: dict) -> dict:
     # the job's own outcome says that something failed, not what: the first check that says what
     telling = [ch for ch in failing if ch["name"] not in OUTCOME] or failing
     first = telling[0] if telling else None
-    got = "refused" if "ScenarioError" in error else "error" if error else row.get("verdict", "error")
+    # a refusal names the fault's key it refuses; a fault-free run that failed is an error of the run
+    got = "refused" if "ScenarioError" in error and ".when" in error else "error" if error \
+        else row.get("verdict", "error")
     if e.verdict == "refused":
         agree = got == "refused" and all(w in error for w in e.cause)
     elif got == "refused" and e.refusal_ok:
