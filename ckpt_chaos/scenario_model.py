@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from ckpt_chaos.env.storage import FAULTFS_POINTS
-from ckpt_chaos.faults.registry import KINDS, families, lookup
+from ckpt_chaos.faults.registry import CHOICE_NAMES as FAULT_CHOICE_NAMES, KINDS, families, lookup
 from ckpt_chaos.probe import POINTS, auto
 
 # Points the harness observes from outside, for trainers that do not call the probe.
@@ -39,7 +39,7 @@ Trajectory = Literal["bit-exact", "tolerance"]
 # What a value of each set is called in messages ("unknown backend 'k8s'").
 CHOICE_NAMES: dict[Any, str] = {KindName: "fault kind", Point: "probe point", FileSystem: "file system",
                                 Backend: "backend", Launcher: "launcher", Relaunch: "relaunch mode",
-                                Trajectory: "trajectory check"}
+                                Trajectory: "trajectory check", **FAULT_CHOICE_NAMES}
 BACKENDS: tuple[str, ...] = get_args(Backend)
 
 # kind -> (family, one-line meaning), from the fault registry (ckpt_chaos/faults/). Families become

@@ -76,8 +76,9 @@ DROPPED = textwrap.dedent('''
             s.add("dropped", when)
 
 
-    KINDS = (FaultKind("dropped", "storage", "a kind in a module nobody imports by name", NoParams, DroppedNemesis,
-                       DroppedNemesis.drop, "#123456", coverage={"fault_dropped_seen": lambda s, f: True},
+    KINDS = (FaultKind(name="dropped", family="storage", doc="a kind in a module nobody imports by name",
+                       params=NoParams, nemesis=DroppedNemesis, action=DroppedNemesis.drop, colour="#123456",
+                       coverage={"fault_dropped_seen": lambda s, f: True},
                        search=SearchRule(rules=(Rule("dropped", "storage", {"delay": range(2)}, _drop),))),)
 ''')
 
@@ -193,6 +194,36 @@ def test_the_properties_the_checks_and_the_search_go_by():
     # an uploader killed alone does not end the launch
     assert not Fault(kind="kill", when=Trigger(point="upload.write"), target="uploader").ends_launch
     assert Fault(kind="kill", when=Trigger(point="upload.write"), target="rank:0").ends_launch
+
+
+def test_a_kinds_effects_are_one_record_and_its_fixed_choices_are_named_literals():
+    from typing import Literal, get_origin, get_type_hints
+
+    from ckpt_chaos.faults.kind import Effects, NoParams
+    from ckpt_chaos.scenario_model import CHOICE_NAMES
+
+    # built by keyword only: seven strings and types in a row are too easy to swap
+    with pytest.raises(TypeError):
+        FaultKind("x", "storage", "doc", NoParams, None, None, "#000000")
+    assert lookup("kill").effects == Effects(ends_launch=True, crashes=True, kills_target=True, uploader=True)
+    assert all(getattr(k, f.name) == getattr(k.effects, f.name) for k in KINDS.values()
+               for f in dataclasses.fields(Effects))
+    # every parameter with a fixed set of values is a Literal that the loader's messages name
+    choices = [(k.name, key, tp) for k in KINDS.values() for key, tp in get_type_hints(k.params).items()
+               if get_origin(tp) is Literal]
+    assert {key for _, key, _ in choices} >= {"split", "cut", "error", "link", "toxic", "stream", "signal", "call",
+                                              "via", "mode", "corruption"}
+    assert [c for c in choices if c[2] not in CHOICE_NAMES] == []
+    # a fault built in Python meets the same check as a file's
+    data = {"world_size": 4, "cluster": {"backend": "netns", "ranks_per_node": 2},
+            "trainer": {"max_steps": 8, "ckpt_every_steps": 2},
+            "faults": [{"kind": "partition", "target": "node:1", "when": {"point": "step.end"}}]}
+    s = from_dict(data, "x.toml", "x")
+    s.faults[0].params.split = "quarters"
+    from ckpt_chaos.scenario import validate
+    with pytest.raises(ScenarioError, match=r"faults\[0\].split: unknown split 'quarters'; allowed: isolate, halves, "
+                                            r"store$"):
+        validate(s)
 
 
 def test_a_kinds_own_validation_names_the_file_the_fault_key_and_the_fix():

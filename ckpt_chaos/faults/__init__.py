@@ -2,9 +2,10 @@
 
 A family module (``process``, ``storage``, ``cluster``, ``remote``, ``slurm``) holds, for each of its kinds, one
 ``FaultKind``: its name, its one-line meaning, its parameters (a small dataclass: one field per
-TOML key, with its default), its validation, the nemesis method that injects it, the facts the
-checks and the search go by (does it end the launch, may it fail saves...), its colour in the
-plots, and, where a kind has one, the check of its effect. Its nemesis (one class per module)
+TOML key, with its default; a key with a fixed set of values is a ``Literal``, named in the
+module's ``CHOICES``, which the scenario loader checks), its validation, the nemesis method that
+injects it, its ``Effects`` (the facts the checks and the search go by: does it end the launch,
+may it fail saves...), its colour in the plots, and, where a kind has one, the check of its effect. Its nemesis (one class per module)
 acts for every kind of the module with one protocol: ``new_launch``, ``fire``, ``lift`` (a heal
 fault, mid-run) and ``heal`` (the end of a launch; always a dict). ``Nemeses`` composes them for a
 run, as Jepsen's ``nemesis/combined`` composes its packages.
@@ -28,7 +29,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Launch, Nemesis, NoParams, Setting
-from ckpt_chaos.faults.registry import KINDS, Invalid, families, lookup
+from ckpt_chaos.faults.registry import CHOICE_NAMES, KINDS, Invalid, families, lookup
 from ckpt_chaos.faults.targets import target_ranks
 
 if TYPE_CHECKING:
@@ -53,8 +54,10 @@ def kind_modules(package: ModuleType | None = None) -> list[ModuleType]:
 
 
 def register(modules: list[ModuleType]) -> None:
-    """Add the kinds of ``modules`` to the registry; a name defined twice is an error, not a shadow."""
+    """Add the kinds of ``modules`` to the registry, and the names of their parameters' choices (a
+    module's ``CHOICES``); a kind defined twice is an error, not a shadow."""
     for module in modules:
+        CHOICE_NAMES.update(getattr(module, "CHOICES", {}))
         for k in module.KINDS:
             if k.name in KINDS and KINDS[k.name] is not k:
                 raise ValueError(f"fault kind {k.name!r} is defined in {module.__name__} and elsewhere")

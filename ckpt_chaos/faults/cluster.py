@@ -8,24 +8,26 @@ an operator would repair the network before restarting the job.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ckpt_chaos.env import cluster as cluster_module
 from ckpt_chaos.env.cluster import FW_TABLE, STORE_PORT
-from ckpt_chaos.faults.kind import FaultKind, Nemesis, NoParams
+from ckpt_chaos.faults.kind import Effects, FaultKind, Nemesis, NoParams
 from ckpt_chaos.faults.registry import Invalid
 
 if TYPE_CHECKING:
     from ckpt_chaos.scenario import Fault, Scenario
 
-SPLITS = ("isolate", "halves", "store")
-CUTS = ("nftables", "disconnect")
+Split = Literal["isolate", "halves", "store"]
+Cut = Literal["nftables", "disconnect"]
+# what the scenario loader calls a value of each set in its messages ("unknown split 'quarters'")
+CHOICES = {Split: "split", Cut: "cut"}
 
 
 @dataclass
 class PartitionParams:
-    split: str = "isolate"  # isolate (target nodes from the rest) | halves | store (target from node 0's store)
-    cut: str = "nftables"  # nftables (drop rules in the node's namespace) | disconnect (unplug its link)
+    split: Split = "isolate"  # isolate (target nodes from the rest) | halves | store (target from node 0's store)
+    cut: Cut = "nftables"  # nftables (drop rules in the node's namespace) | disconnect (unplug its link)
 
 
 class ClusterNemesis(Nemesis):
@@ -132,10 +134,6 @@ def _check_node_fault(s: Scenario, f: Fault) -> None:
 def _check_partition(s: Scenario, f: Fault) -> None:
     _on_nodes(s, f)
     p = f.params
-    if p.split not in SPLITS:
-        raise Invalid("split", f"unknown split {p.split!r}", f"allowed: {', '.join(SPLITS)}")
-    if p.cut not in CUTS:
-        raise Invalid("cut", f"unknown cut {p.cut!r}", f"allowed: {', '.join(CUTS)}")
     if s.nodes() < 2:
         raise Invalid("world_size", "a partition needs 2 nodes or more", "raise world_size", top=True)
     if p.split == "store" and p.cut != "nftables":
@@ -163,17 +161,23 @@ def _check_heal(s: Scenario, f: Fault) -> None:
 # where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
 ORDER = 2
 KINDS = (
-    FaultKind("pause", "node", "freeze every process of the target nodes (docker pause, or SIGSTOP in a namespace "
-              "node) until the launch is torn down", NoParams, ClusterNemesis, ClusterNemesis.pause, "#e7298a",
-              validate=_check_node_fault, ends_launch=True, timed=True),
-    FaultKind("replace", "node", "kill the target nodes; the relaunch runs them as fresh nodes whose local disk "
-              "is empty", NoParams, ClusterNemesis, ClusterNemesis.replace, "#ce1256",
-              validate=_check_node_fault, ends_launch=True, kills_target=True),
-    FaultKind("partition", "network", "drop the traffic between nodes (split: isolate | halves | store) until the "
-              "launch ends, by nftables rules or by unplugging the node's link", PartitionParams, ClusterNemesis,
-              ClusterNemesis.partition, "#980043", validate=_check_partition, ends_launch=True, healable=True,
-              timed=True),
-    FaultKind("heal", "network", "lift every partition here (firewall rules deleted, links plugged back in) and "
-              "remove every toxic: a transient fault", NoParams, None, None, "#4daf4a",
-              validate=_check_heal, heals=True),
+    FaultKind(name="pause", family="node",
+              doc="freeze every process of the target nodes (docker pause, or SIGSTOP in a namespace node) until the"
+                  " launch is torn down",
+              params=NoParams, nemesis=ClusterNemesis, action=ClusterNemesis.pause, colour="#e7298a",
+              effects=Effects(ends_launch=True), validate=_check_node_fault, timed=True),
+    FaultKind(name="replace", family="node",
+              doc="kill the target nodes; the relaunch runs them as fresh nodes whose local disk is empty",
+              params=NoParams, nemesis=ClusterNemesis, action=ClusterNemesis.replace, colour="#ce1256",
+              effects=Effects(ends_launch=True, kills_target=True), validate=_check_node_fault),
+    FaultKind(name="partition", family="network",
+              doc="drop the traffic between nodes (split: isolate | halves | store) until the launch ends, by "
+                  "nftables rules or by unplugging the node's link",
+              params=PartitionParams, nemesis=ClusterNemesis, action=ClusterNemesis.partition, colour="#980043",
+              effects=Effects(ends_launch=True, healable=True), validate=_check_partition, timed=True),
+    FaultKind(name="heal", family="network",
+              doc="lift every partition here (firewall rules deleted, links plugged back in) and remove every toxic:"
+                  " a transient fault",
+              params=NoParams, nemesis=None, action=None, colour="#4daf4a", effects=Effects(heals=True),
+              validate=_check_heal),
 )

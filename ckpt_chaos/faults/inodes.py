@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ckpt_chaos.faults.kind import FaultKind, Nemesis
+from ckpt_chaos.faults.kind import Effects, FaultKind, Nemesis
 from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.search_rules import DISK_FULL_PLACES, WORLD_SIZE, Rule, SearchRule, Story
 from ckpt_chaos.faults.storage import _on_local_storage, _surfaced
@@ -160,11 +160,12 @@ SEARCH = SearchRule(rules=(Rule("inodes_full", "storage", {"place": DISK_FULL_PL
                                                              "delay": range(4)}, _add),))
 
 KINDS = (
-    FaultKind("inodes_full", "storage", "take every free inode of the checkpoint file system with empty files "
-              "(headroom left) while its free bytes stay: creates fail with ENOSPC; given back at the launch's "
-              "end unless keep_full", InodesFullParams, InodeNemesis, InodeNemesis.inodes_full, "#a6761d",
-              validate=_check, needs=lambda p: frozenset({"sized_fs"}), effect_check=_effect,
+    FaultKind(name="inodes_full", family="storage",
+              doc="take every free inode of the checkpoint file system with empty files (headroom left) while its "
+                  "free bytes stay: creates fail with ENOSPC; given back at the launch's end unless keep_full",
+              params=InodesFullParams, nemesis=InodeNemesis, action=InodeNemesis.inodes_full, colour="#a6761d",
+              effects=Effects(fails_saves=True, fills_disk=True, healable=True), validate=_check,
+              needs=lambda p: frozenset({"sized_fs"}), effect_check=_effect,
               coverage={"fault_injected": lambda s, f: True, "fault_surfaced": _save_under_way},
-              describe=lambda f, h: f"inodes_full ({h.detail.get('files')} empty files)",
-              fails_saves=True, fills_disk=True, healable=True, search=SEARCH),
+              describe=lambda f, h: f"inodes_full ({h.detail.get('files')} empty files)", search=SEARCH),
 )

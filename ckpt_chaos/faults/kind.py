@@ -38,8 +38,54 @@ class NoParams:
 
 
 @dataclass(frozen=True)
+class Effects:
+    """What a kind of fault does to a run, as the checks, the coverage rules and the search read it:
+    each a yes/no fact of the kind, all no by default."""
+
+    ends_launch: bool = False
+    """The launch cannot go on; otherwise whether it stops is the trainer's policy."""
+    crashes: bool = False
+    """Processes end where they stand, leaving the disk as it is at that point."""
+    notice: bool = False
+    """The job is told first (a preemption) and may save where it stands: no work lost."""
+    kills_target: bool = False
+    """Its targets die of it: their exits are the fault, not the job noticing."""
+    fails_saves: bool = False
+    """Calls of the save under way at (or after) it fail."""
+    fills_disk: bool = False
+    """Every later save fails too, until space is given back."""
+    damages: bool = False
+    """It damages a committed checkpoint on purpose (its record names it)."""
+    loses_disk: bool = False
+    """The node's local checkpoint disk is gone: only the remote tier is left."""
+    loses_unsynced: bool = False
+    """Data not yet made durable by fsync is lost."""
+    uploader: bool = False
+    """``target = "uploader"`` acts on the remote tier's uploader process."""
+    healable: bool = False
+    """A heal fault lifts it."""
+    heals: bool = False
+    """It is a heal: every nemesis of the run lifts what it injected."""
+    sigterm_grace: bool = False
+    """The harness SIGTERMs its targets, then SIGKILLs what is left after ``grace_s``."""
+    on_link: bool = False
+    """It acts on a link of the remote tier (``params.link``), failing or stalling what uses it."""
+    corrupts_local: bool = False
+    """It damages files of a local checkpoint (params ``corruption``, ``file``, ``checkpoint``)."""
+    slurm_requeues: bool = False
+    """Slurm itself requeues the job it ended."""
+    preempts: bool = False
+    """Slurm preempts the job: it requeues itself within the grace, or Slurm does after."""
+
+
+def _effect(name: str) -> property:
+    """A kind's ``Effects`` flag read as an attribute of the kind, as its readers name it."""
+    return property(lambda kind: getattr(kind.effects, name), doc=f"``Effects.{name}`` of this kind.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class FaultKind:
-    """Everything the harness knows about one kind of fault."""
+    """Everything the harness knows about one kind of fault; built by keyword."""
 
     name: str
     family: str  # pytest marker and report group: process | node | network | storage | remote
@@ -48,28 +94,12 @@ class FaultKind:
     nemesis: type[Nemesis] | None  # the class whose ``action`` injects it; None only for a heal
     action: Callable[[Any, Fault, dict, dict], dict | None] | None  # (nemesis, fault, event, record) -> answer
     colour: str  # its shading in plots and the report
+    effects: Effects = Effects()  # what it does to a run
     validate: Callable[[Scenario, Fault], None] | None = None  # cross-field checks; raises Invalid
     needs: Callable[[Any], frozenset[str]] | None = None  # params -> what the run must set up (faultfs, ...)
     exit_check: Callable[[Run, FaultFired, Report], None] | None = None  # how its launch must end (else: it fails)
     effect_check: Callable[[Run, FaultFired, Report], None] | None = None  # what the trainer must show of it
     describe: Callable[[Fault, FaultFired], str] | None = None  # a short account, for a diagnosis
-    ends_launch: bool = False  # the launch cannot go on; otherwise whether it stops is the trainer's policy
-    crashes: bool = False  # processes end where they stand, leaving the disk as it is at that point
-    notice: bool = False  # the job is told first (a preemption) and may save where it stands: no work lost
-    kills_target: bool = False  # its targets die of it: their exits are the fault, not the job noticing
-    fails_saves: bool = False  # calls of the save under way at (or after) it fail
-    fills_disk: bool = False  # every later save fails too, until space is given back
-    damages: bool = False  # it damages a committed checkpoint on purpose (its record names it)
-    loses_disk: bool = False  # the node's local checkpoint disk is gone: only the remote tier is left
-    loses_unsynced: bool = False  # data not yet made durable by fsync is lost
-    uploader: bool = False  # target = "uploader" acts on the remote tier's uploader process
-    healable: bool = False  # a heal fault lifts it
-    heals: bool = False  # it is a heal: every nemesis of the run lifts what it injected
-    sigterm_grace: bool = False  # the harness SIGTERMs its targets, then SIGKILLs what is left after grace_s
-    on_link: bool = False  # it acts on a link of the remote tier (params.link), failing or stalling what uses it
-    corrupts_local: bool = False  # it damages files of a local checkpoint (params corruption, file, checkpoint)
-    slurm_requeues: bool = False  # Slurm itself requeues the job it ended
-    preempts: bool = False  # Slurm preempts the job: it requeues itself within the grace, or Slurm does after
     # what its checks see depends on wall-clock time (a timeout, a grace period, a rate): on a loaded
     # machine the same run could end otherwise, so ``run -n`` runs its scenarios alone. A function
     # of the params where that depends on them (a grace period long enough is no race: ``AMPLE_S``).
@@ -79,6 +109,24 @@ class FaultKind:
     coverage: dict[str, Callable[[Scenario, Fault], bool]] = field(default_factory=dict, hash=False)
     # how the fault-schedule search adds faults of this kind (faults/search_rules.py); None: it never does
     search: SearchRule | None = None
+
+    ends_launch = _effect("ends_launch")
+    crashes = _effect("crashes")
+    notice = _effect("notice")
+    kills_target = _effect("kills_target")
+    fails_saves = _effect("fails_saves")
+    fills_disk = _effect("fills_disk")
+    damages = _effect("damages")
+    loses_disk = _effect("loses_disk")
+    loses_unsynced = _effect("loses_unsynced")
+    uploader = _effect("uploader")
+    healable = _effect("healable")
+    heals = _effect("heals")
+    sigterm_grace = _effect("sigterm_grace")
+    on_link = _effect("on_link")
+    corrupts_local = _effect("corrupts_local")
+    slurm_requeues = _effect("slurm_requeues")
+    preempts = _effect("preempts")
 
     def is_timed(self, params: Any) -> bool:
         return self.timed(params) if callable(self.timed) else self.timed

@@ -9,13 +9,13 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import psutil
 
 from ckpt_chaos.check.expected import faults_after
 from ckpt_chaos.env.launcher import kill_pending
-from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Nemesis, NoParams, Setting
+from ckpt_chaos.faults.kind import AMPLE_S, Effects, FaultKind, Nemesis, NoParams, Setting
 from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.search_rules import KILL, RAISE, STOP, TERM
 
@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from ckpt_chaos.env.launcher import Job
     from ckpt_chaos.scenario import Fault, Scenario
 
-RAISE_ERRORS = ("oom", "io", "runtime")
+RaiseError = Literal["oom", "io", "runtime"]
+# what the scenario loader calls a value of each set in its messages ("unknown error 'segfault'")
+CHOICES = {RaiseError: "error"}
 
 
 @dataclass
@@ -35,7 +37,7 @@ class TermParams:
 
 @dataclass
 class RaiseParams:
-    error: str = "oom"  # the exception raised in the rank: oom | io | runtime
+    error: RaiseError = "oom"  # the exception raised in the rank: oom | io | runtime
 
 
 def signal_pid(pid: int, sig: signal.Signals) -> bool:
@@ -188,8 +190,6 @@ def _check_term(s: Scenario, f: Fault) -> None:
 
 
 def _check_raise(s: Scenario, f: Fault) -> None:
-    if f.params.error not in RAISE_ERRORS:
-        raise Invalid("error", f"unknown error {f.params.error!r}", f"allowed: {', '.join(RAISE_ERRORS)}")
     if f.when.external:
         raise Invalid("kind", "raise needs a probe point", "use kill, term or stop")
     if f.target not in ("triggering", f"rank:{f.when.rank}"):
@@ -232,21 +232,28 @@ def _preemption_handled(run: Run, h: FaultFired, report: Report) -> None:
 # where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
 ORDER = 1
 KINDS = (
-    FaultKind("kill", "process", "SIGKILL the target ranks (with node:N, the node's launcher too)",
-              NoParams, ProcessNemesis, ProcessNemesis.kill, "#de2d26",
-              ends_launch=True, crashes=True, kills_target=True, uploader=True, search=KILL),
-    FaultKind("term", "process", "SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s",
-              TermParams, ProcessNemesis, ProcessNemesis.term, "#fc9272", validate=_check_term,
-              exit_check=_preemption_handled, ends_launch=True, notice=True, sigterm_grace=True,
+    FaultKind(name="kill", family="process",
+              doc="SIGKILL the target ranks (with node:N, the node's launcher too)",
+              params=NoParams, nemesis=ProcessNemesis, action=ProcessNemesis.kill, colour="#de2d26",
+              effects=Effects(ends_launch=True, crashes=True, kills_target=True, uploader=True), search=KILL),
+    FaultKind(name="term", family="process",
+              doc="SIGTERM (a preemption notice), then SIGKILL whatever is left after grace_s",
+              params=TermParams, nemesis=ProcessNemesis, action=ProcessNemesis.term, colour="#fc9272",
+              effects=Effects(ends_launch=True, notice=True, sigterm_grace=True), validate=_check_term,
+              exit_check=_preemption_handled,
               # n/a where a later fault interrupted the emergency save on purpose
               coverage={"fault_preemption_handled": lambda s, f: not faults_after(s, f)},
               timed=lambda p: p.grace_s < AMPLE_S, search=TERM),
-    FaultKind("stop", "process", "SIGSTOP the target ranks: a hang that the job must detect by its collective "
-              "timeout", NoParams, ProcessNemesis, ProcessNemesis.stop, "#67000d", ends_launch=True, crashes=True,
-              timed=True, search=STOP),
-    FaultKind("raise", "process", "raise an exception inside the triggering rank at the probe point "
-              "(error: oom|io|runtime)", RaiseParams, ProcessNemesis, ProcessNemesis.raise_, "#ef3b2c",
-              validate=_check_raise, ends_launch=True, search=RAISE),
-    FaultKind("interrupt", "process", "SIGINT the target ranks: Ctrl-C on an interactive job, or scancel "
-              "--signal=INT", NoParams, ProcessNemesis, ProcessNemesis.interrupt, "#fb6a4a", ends_launch=True),
+    FaultKind(name="stop", family="process",
+              doc="SIGSTOP the target ranks: a hang that the job must detect by its collective timeout",
+              params=NoParams, nemesis=ProcessNemesis, action=ProcessNemesis.stop, colour="#67000d",
+              effects=Effects(ends_launch=True, crashes=True), timed=True, search=STOP),
+    FaultKind(name="raise", family="process",
+              doc="raise an exception inside the triggering rank at the probe point (error: oom|io|runtime)",
+              params=RaiseParams, nemesis=ProcessNemesis, action=ProcessNemesis.raise_, colour="#ef3b2c",
+              effects=Effects(ends_launch=True), validate=_check_raise, search=RAISE),
+    FaultKind(name="interrupt", family="process",
+              doc="SIGINT the target ranks: Ctrl-C on an interactive job, or scancel --signal=INT",
+              params=NoParams, nemesis=ProcessNemesis, action=ProcessNemesis.interrupt, colour="#fb6a4a",
+              effects=Effects(ends_launch=True)),
 )

@@ -12,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 KINDS: dict[str, Any] = {}  # name -> its FaultKind (ckpt_chaos/faults/kind.py), in family order
+# the kinds' parameters' sets of values (each a ``Literal``) -> what a value of it is called in the
+# scenario loader's messages, from each family module's ``CHOICES``
+CHOICE_NAMES: dict[Any, str] = {}
 
 
 class Invalid(Exception):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ckpt_chaos.check.expected import relaunched
-from ckpt_chaos.faults.kind import FaultKind, Nemesis, NoParams, Setting
+from ckpt_chaos.faults.kind import Effects, FaultKind, Nemesis, NoParams, Setting
 from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.search_rules import LOSE_DISK, TOXIC
 from ckpt_chaos.faults.process import kill_local_node
@@ -19,13 +19,16 @@ from ckpt_chaos.faults.storage import corruption_detected
 if TYPE_CHECKING:
     from ckpt_chaos.scenario import Fault, Scenario
 
-LINKS = ("remote", "store")
-STREAMS = ("upstream", "downstream")
+Link = Literal["remote", "store"]
+Stream = Literal["upstream", "downstream"]
 # Toxiproxy's toxics and the attributes each takes (https://github.com/Shopify/toxiproxy#toxics).
 TOXICS: dict[str, tuple[str, ...]] = {
     "latency": ("latency", "jitter"), "bandwidth": ("rate",), "slow_close": ("delay",), "timeout": ("timeout",),
     "reset_peer": ("timeout",), "slicer": ("average_size", "size_variation", "delay"), "limit_data": ("bytes",),
 }
+Toxic = Literal[tuple(TOXICS)]
+# what the scenario loader calls a value of each set in its messages ("unknown toxic 'netem'")
+CHOICES = {Link: "link", Stream: "stream", Toxic: "toxic"}
 
 
 @dataclass
@@ -36,9 +39,9 @@ class CorruptRemoteParams:
 
 @dataclass
 class ToxicParams:
-    link: str = "remote"  # remote (trainer <-> S3) | store (agents and ranks <-> rendezvous store)
-    toxic: str = "timeout"  # the Toxiproxy toxic type (TOXICS)
-    stream: str = "upstream"  # upstream (client to server) | downstream
+    link: Link = "remote"  # remote (trainer <-> S3) | store (agents and ranks <-> rendezvous store)
+    toxic: Toxic = "timeout"  # the Toxiproxy toxic type (TOXICS)
+    stream: Stream = "upstream"  # upstream (client to server) | downstream
     toxicity: float = 1.0  # the chance that it applies to a connection
     attributes: dict[str, Any] = field(default_factory=dict)  # the toxic's attributes, e.g. { rate = 256 }
     keep: bool = False  # stays across relaunches (their rendezvous too), until a heal or the run's end
@@ -155,15 +158,9 @@ def _remote_corruption_detected(run, h, report) -> None:
 def _check_toxic(s: Scenario, f: Fault) -> None:
     _on_remote_tier(s, f)
     p = f.params
-    if p.link not in LINKS:
-        raise Invalid("link", f"unknown link {p.link!r}", f"allowed: {', '.join(LINKS)}")
     if p.link == "remote" and not s.remote.proxy:
         raise Invalid("link", "the upload link bypasses the fault proxy (remote.proxy = false)",
                       "set [remote] proxy = true")
-    if p.toxic not in TOXICS:
-        raise Invalid("toxic", f"unknown toxic {p.toxic!r}", f"allowed: {', '.join(TOXICS)}")
-    if p.stream not in STREAMS:
-        raise Invalid("stream", f"unknown stream {p.stream!r}", f"allowed: {', '.join(STREAMS)}")
     if not 0 <= p.toxicity <= 1:
         raise Invalid("toxicity", f"{p.toxicity}", "use a probability in [0, 1]")
     for k, v in p.attributes.items():
@@ -177,18 +174,23 @@ def _check_toxic(s: Scenario, f: Fault) -> None:
 # where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
 ORDER = 4
 KINDS = (
-    FaultKind("toxic", "remote", "add a Toxiproxy toxic (latency, bandwidth, timeout, reset_peer, slicer, "
-              "limit_data, slow_close) to the upload link (link = remote) or the rendezvous-store link "
-              "(link = store), until a heal or the end of the launch", ToxicParams, RemoteNemesis,
-              RemoteNemesis.toxic, "#c51b7d", validate=_check_toxic, on_link=True,
-              needs=lambda p: frozenset({"store_proxy"}) if p.link == "store" else frozenset(), healable=True,
-              timed=True, search=TOXIC),
-    FaultKind("corrupt_remote", "remote", "flip 8 bits in an object of a durable checkpoint on the remote tier "
-              "(bit rot, a bad copy): a restore must validate what it downloads", CorruptRemoteParams,
-              RemoteNemesis, RemoteNemesis.corrupt_remote, "#de77ae", validate=_on_remote_tier,
-              effect_check=_remote_corruption_detected, damages=True,
+    FaultKind(name="toxic", family="remote",
+              doc="add a Toxiproxy toxic (latency, bandwidth, timeout, reset_peer, slicer, limit_data, slow_close) "
+                  "to the upload link (link = remote) or the rendezvous-store link (link = store), until a heal or "
+                  "the end of the launch",
+              params=ToxicParams, nemesis=RemoteNemesis, action=RemoteNemesis.toxic, colour="#c51b7d",
+              effects=Effects(on_link=True, healable=True), validate=_check_toxic,
+              needs=lambda p: frozenset({"store_proxy"}) if p.link == "store" else frozenset(), timed=True,
+              search=TOXIC),
+    FaultKind(name="corrupt_remote", family="remote",
+              doc="flip 8 bits in an object of a durable checkpoint on the remote tier (bit rot, a bad copy): a "
+                  "restore must validate what it downloads",
+              params=CorruptRemoteParams, nemesis=RemoteNemesis, action=RemoteNemesis.corrupt_remote, colour="#de77ae",
+              effects=Effects(damages=True), validate=_on_remote_tier, effect_check=_remote_corruption_detected,
               coverage={"fault_detected": _restore_meets_it}),
-    FaultKind("lose_disk", "remote", "SIGKILL the whole node and wipe its local checkpoint disk: the relaunch has "
-              "only the remote tier to resume from", NoParams, RemoteNemesis, RemoteNemesis.lose_disk, "#762a83",
-              validate=_check_lose_disk, ends_launch=True, loses_disk=True, search=LOSE_DISK),
+    FaultKind(name="lose_disk", family="remote",
+              doc="SIGKILL the whole node and wipe its local checkpoint disk: the relaunch has only the remote tier "
+                  "to resume from",
+              params=NoParams, nemesis=RemoteNemesis, action=RemoteNemesis.lose_disk, colour="#762a83",
+              effects=Effects(ends_launch=True, loses_disk=True), validate=_check_lose_disk, search=LOSE_DISK),
 )

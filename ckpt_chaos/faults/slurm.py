@@ -13,11 +13,11 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ckpt_chaos.check.expected import faults_after, relaunched
 from ckpt_chaos.env import slurm as slurm_env
-from ckpt_chaos.faults.kind import AMPLE_S, FaultKind, Nemesis, NoParams
+from ckpt_chaos.faults.kind import AMPLE_S, Effects, FaultKind, Nemesis, NoParams
 from ckpt_chaos.faults.registry import Invalid
 
 if TYPE_CHECKING:
@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.scenario import Fault, Scenario
 
-SIGNALS = ("TERM", "INT", "USR1", "USR2")
+Signal = Literal["TERM", "INT", "USR1", "USR2"]
+# what the scenario loader calls a value of each set in its messages ("unknown signal 'HUP'")
+CHOICES = {Signal: "signal"}
 # torchrun's line for each worker it passes a signal on to (torch/distributed/elastic/multiprocessing/api.py)
 PASSED_ON = re.compile(r"Sending process \d+ closing signal SIG\w+")
 
@@ -38,7 +40,7 @@ class PreemptParams:
 
 @dataclass
 class SignalParams:
-    signal: str = "TERM"  # scancel --signal to the job's tasks: TERM | INT | USR1 | USR2
+    signal: Signal = "TERM"  # scancel --signal to the job's tasks: TERM | INT | USR1 | USR2
 
 
 @dataclass
@@ -171,8 +173,6 @@ def _check_preempt(s: Scenario, f: Fault) -> None:
 
 def _check_signal(s: Scenario, f: Fault) -> None:
     _on_slurm(s, f)
-    if f.params.signal not in SIGNALS:
-        raise Invalid("signal", f"unknown signal {f.params.signal!r}", f"allowed: {', '.join(SIGNALS)}")
 
 
 def _check_time_limit(s: Scenario, f: Fault) -> None:
@@ -285,33 +285,42 @@ def _requeue_follows(s: Scenario, f: Fault) -> bool:
 # where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
 ORDER = 5
 KINDS = (
-    FaultKind("preempt", "scheduler", "a job in a higher-priority partition preempts the job: SIGTERM to its tasks, "
-              "grace_s (the partition's GraceTime), SIGKILL, and Slurm requeues it", PreemptParams, SlurmNemesis,
-              SlurmNemesis.preempt, "#6a51a3", validate=_check_preempt, exit_check=_preempted, ends_launch=True,
-              preempts=True, coverage={
+    FaultKind(name="preempt", family="scheduler",
+              doc="a job in a higher-priority partition preempts the job: SIGTERM to its tasks, grace_s (the "
+                  "partition's GraceTime), SIGKILL, and Slurm requeues it",
+              params=PreemptParams, nemesis=SlurmNemesis, action=SlurmNemesis.preempt, colour="#6a51a3",
+              effects=Effects(ends_launch=True, preempts=True, notice=True), validate=_check_preempt,
+              exit_check=_preempted,
+              coverage={
                   "fault_preemption_handled": lambda s, f: _no_later_fault(s, f) and not s.expect.job_fails,
                   "fault_grace_ran_out": _outlasts_grace, "fault_requeued": _requeue_follows},
-              notice=True, timed=lambda p: p.grace_s < AMPLE_S),
-    FaultKind("requeue", "scheduler", "scontrol requeue: Slurm ends the job's tasks (SIGTERM, KillWait, SIGKILL) and "
-              "runs the job again", NoParams, SlurmNemesis, SlurmNemesis.requeue, "#807dba", validate=_on_slurm,
-              exit_check=_requeue_check, ends_launch=True, timed=True, slurm_requeues=True,
-              coverage={"fault_requeued": _requeue_follows}),
-    FaultKind("signal", "scheduler", "scancel --signal to the job's tasks (signal: TERM | INT | USR1 | USR2)",
-              SignalParams, SlurmNemesis, SlurmNemesis.signal_, "#9e9ac8", validate=_check_signal,
-              exit_check=_signalled, ends_launch=True,
+              timed=lambda p: p.grace_s < AMPLE_S),
+    FaultKind(name="requeue", family="scheduler",
+              doc="scontrol requeue: Slurm ends the job's tasks (SIGTERM, KillWait, SIGKILL) and runs the job again",
+              params=NoParams, nemesis=SlurmNemesis, action=SlurmNemesis.requeue, colour="#807dba",
+              effects=Effects(ends_launch=True, slurm_requeues=True), validate=_on_slurm, exit_check=_requeue_check,
+              timed=True, coverage={"fault_requeued": _requeue_follows}),
+    FaultKind(name="signal", family="scheduler",
+              doc="scancel --signal to the job's tasks (signal: TERM | INT | USR1 | USR2)",
+              params=SignalParams, nemesis=SlurmNemesis, action=SlurmNemesis.signal_, colour="#9e9ac8",
+              effects=Effects(ends_launch=True), validate=_check_signal, exit_check=_signalled,
               coverage={"fault_preemption_handled": _no_later_fault, "fault_grace_ran_out": _outlasts_grace,
                         # scancel --signal of another signal than TERM (the job's notice) must end the launch
                         "fault_job_failed": lambda s, f: f.params.signal != "TERM"}),
-    FaultKind("time_limit", "scheduler", "the job's time limit is cut to minutes: Slurm warns it warn_s before "
-              "(sbatch --signal=TERM@warn_s, to its tasks) and ends it at the limit", TimeLimitParams, SlurmNemesis,
-              SlurmNemesis.time_limit, "#bcbddc", validate=_check_time_limit, exit_check=_stopped_in_grace,
+    FaultKind(name="time_limit", family="scheduler",
+              doc="the job's time limit is cut to minutes: Slurm warns it warn_s before (sbatch "
+                  "--signal=TERM@warn_s, to its tasks) and ends it at the limit",
+              params=TimeLimitParams, nemesis=SlurmNemesis, action=SlurmNemesis.time_limit, colour="#bcbddc",
+              effects=Effects(ends_launch=True, notice=True), validate=_check_time_limit, exit_check=_stopped_in_grace,
               coverage={"fault_preemption_handled": _no_later_fault, "fault_grace_ran_out": _outlasts_grace},
-              ends_launch=True, notice=True, timed=lambda p: p.warn_s < AMPLE_S),
-    FaultKind("node_down", "scheduler", "a node is lost (its slurmd, step daemons and tasks SIGKILLed) and set down: "
-              "Slurm requeues the job onto the nodes that are left", NodeDownParams, SlurmNemesis,
-              SlurmNemesis.node_down, "#3f007d", validate=_check_node_down, exit_check=_node_lost, ends_launch=True,
-              slurm_requeues=True, coverage={
+              timed=lambda p: p.warn_s < AMPLE_S),
+    FaultKind(name="node_down", family="scheduler",
+              doc="a node is lost (its slurmd, step daemons and tasks SIGKILLed) and set down: Slurm requeues the "
+                  "job onto the nodes that are left",
+              params=NodeDownParams, nemesis=SlurmNemesis, action=SlurmNemesis.node_down, colour="#3f007d",
+              effects=Effects(ends_launch=True, slurm_requeues=True, crashes=True, kills_target=True),
+              validate=_check_node_down, exit_check=_node_lost,
+              coverage={
                   "fault_requeued": _requeue_follows,
-                  "fault_not_on_lost_node": lambda s, f: relaunched(s) and not f.params.back},
-              crashes=True, kills_target=True),
+                  "fault_not_on_lost_node": lambda s, f: relaunched(s) and not f.params.back}),
 )

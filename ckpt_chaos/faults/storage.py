@@ -11,12 +11,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ckpt_chaos.check.expected import faults_before
 from ckpt_chaos.check.history import Healed
 from ckpt_chaos.env.storage import POWER_LOSS_MODES, missing
-from ckpt_chaos.faults.kind import FaultKind, Nemesis
+from ckpt_chaos.faults.kind import Effects, FaultKind, Nemesis
 from ckpt_chaos.faults.registry import Invalid
 from ckpt_chaos.faults.search_rules import CORRUPT, DISK_FULL, ERRNO, POWER_LOSS, SLOW
 from ckpt_chaos.probe.layout import TMP_PREFIX, TRASH_PREFIX, parse_name
@@ -26,9 +26,13 @@ if TYPE_CHECKING:
     from ckpt_chaos.check.verdict import Report, Run
     from ckpt_chaos.scenario import Fault, Scenario
 
-CALLS = ("open", "write", "read", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate", "any")
+Call = Literal["open", "write", "read", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate", "any"]
 LIBFIU_CALLS = ("open", "write", "fsync", "rename", "unlink", "truncate")
-CORRUPTIONS = ("truncate", "flip", "append", "delete", "wrong_format", "wrong_step", "unlist_metadata")
+Corruption = Literal["truncate", "flip", "append", "delete", "wrong_format", "wrong_step", "unlist_metadata"]
+Via = Literal["faultfs", "libfiu"]
+PowerLossMode = Literal[POWER_LOSS_MODES]
+# what the scenario loader calls a value of each set in its messages ("unknown call 'fsynk'")
+CHOICES = {Call: "call", Corruption: "corruption", Via: "mechanism", PowerLossMode: "power-loss mode"}
 STRAY_BYTES = 4096  # what `append` adds: a page, as a stray writer would
 # Corruptions that edit what a manifest says (a bad copy, a tool rewriting it, a directory renamed
 # by hand) instead of damaging bytes: the manifest stays readable JSON, with its sizes and checksums.
@@ -47,19 +51,19 @@ class DiskFullParams:
 
 @dataclass
 class ErrnoParams:
-    call: str = "any"  # which calls fail (CALLS)
+    call: Call = "any"  # which calls fail
     errno: str = "EIO"  # the error, by name
     path: str = "*"  # glob over paths inside the checkpoint directory
     nth_call: int = 1  # the first matching call (counted from the trigger) that fails
     count: int = 1  # how many matching calls fail from there (0: all)
     probability: float | None = None  # instead, each matching call fails with this chance ...
     seed: int = 0  # ... drawn from a generator seeded with this
-    via: str = "faultfs"  # faultfs (any call, path globs) | libfiu (the next call of the process)
+    via: Via = "faultfs"  # faultfs (any call, path globs) | libfiu (the next call of the process)
 
 
 @dataclass
 class SlowParams:
-    call: str = "any"  # which calls are slowed (CALLS)
+    call: Call = "any"  # which calls are slowed
     path: str = "*"  # glob over paths inside the checkpoint directory
     latency_ms: float = 0.0  # added to each matching call
     bandwidth_mb_s: float = 0.0  # cap on write bandwidth (MiB/s), 0: none
@@ -72,14 +76,14 @@ class PowerLossParams:
     says what becomes of the directory entries (creates, renames, removals) no folder fsync made
     durable."""
 
-    mode: str = "undo"  # undo: every such entry is undone, newest first (the worst POSIX allows) |
+    mode: PowerLossMode = "undo"  # undo: every such entry is undone, newest first (the worst POSIX allows) |
     # entries-kept: every one is kept, as ext4 (data=ordered, delayed allocation) often leaves it: a
     # file renamed into place without an fsync is there under its new name, empty or short
 
 
 @dataclass
 class CorruptParams:
-    corruption: str = "truncate"  # truncate (to half) | flip (8 bits in the middle) | append (a page of
+    corruption: Corruption = "truncate"  # truncate (to half) | flip (8 bits in the middle) | append (a page of
     # stray bytes at the end, as another writer in the directory would) | delete
     # | on manifest.json only (MANIFEST_EDITS): wrong_format (an unknown format number), wrong_step
     # (a step other than the directory's name), unlist_metadata (DCP's .metadata left out of its files)
@@ -234,11 +238,6 @@ def _on_local_storage(s: Scenario, f: Fault) -> None:
         raise Invalid("when.point", f"{f.kind} acts at a probe point", "use a probe point")
 
 
-def _check_call(f: Fault) -> None:
-    if f.params.call not in CALLS:
-        raise Invalid("call", f"unknown call {f.params.call!r}", f"allowed: {', '.join(CALLS)}")
-
-
 def _check_disk_full(s: Scenario, f: Fault) -> None:
     _on_local_storage(s, f)
     if s.storage.fs == "host":
@@ -250,12 +249,9 @@ def _check_disk_full(s: Scenario, f: Fault) -> None:
 
 def _check_errno(s: Scenario, f: Fault) -> None:
     _on_local_storage(s, f)
-    _check_call(f)
     p = f.params
     if not (p.errno.startswith("E") and isinstance(getattr(errno_module, p.errno, None), int)):
         raise Invalid("errno", f"unknown errno {p.errno!r}", "use a name such as ENOSPC, EIO, EDQUOT, EROFS")
-    if p.via not in ("faultfs", "libfiu"):
-        raise Invalid("via", f"unknown mechanism {p.via!r}", "allowed: faultfs, libfiu")
     if p.nth_call < 1 or p.count < 0:
         raise Invalid("nth_call", f"nth_call={p.nth_call}, count={p.count}",
                       "nth_call counts from 1; count is 0 (every call) or more")
@@ -272,25 +268,13 @@ def _check_errno(s: Scenario, f: Fault) -> None:
 
 def _check_slow(s: Scenario, f: Fault) -> None:
     _on_local_storage(s, f)
-    _check_call(f)
     if f.params.latency_ms <= 0 and f.params.bandwidth_mb_s <= 0:
         raise Invalid("latency_ms", "neither latency_ms nor bandwidth_mb_s is set",
                       "set latency_ms > 0 and/or bandwidth_mb_s > 0")
 
 
-def _check_power_loss(s: Scenario, f: Fault) -> None:
-    _on_local_storage(s, f)
-    if f.params.mode not in POWER_LOSS_MODES:
-        raise Invalid("mode", f"unknown power-loss mode {f.params.mode!r}",
-                      "use mode = \"undo\" (un-fsynced data lost, un-persisted directory entries undone; the "
-                      "default) or \"entries-kept\" (un-fsynced data lost, every directory entry kept)")
-
-
 def _check_corrupt(s: Scenario, f: Fault) -> None:
     _on_local_storage(s, f)
-    if f.params.corruption not in CORRUPTIONS:
-        raise Invalid("corruption", f"unknown corruption {f.params.corruption!r}",
-                      f"allowed: {', '.join(CORRUPTIONS)}")
     if f.params.checkpoint == "in_progress" and f.params.corruption in MANIFEST_EDITS:
         raise Invalid("checkpoint", "a save in progress has no manifest yet",
                       "use truncate, flip or delete, or a committed checkpoint")
@@ -500,33 +484,39 @@ def _newest_damaged(s: Scenario, f: Fault) -> bool:
 # where the family's kinds come in the registry, and its nemesis in a run's (faults/__init__.py)
 ORDER = 3
 KINDS = (
-    FaultKind("disk_full", "storage", "fill the checkpoint file system until headroom_kb is left (ballast kept "
-              "until the next launch, or for good with keep_full)", DiskFullParams, StorageNemesis,
-              StorageNemesis.disk_full, "#8c510a", validate=_check_disk_full,
+    FaultKind(name="disk_full", family="storage",
+              doc="fill the checkpoint file system until headroom_kb is left (ballast kept until the next launch, or"
+                  " for good with keep_full)",
+              params=DiskFullParams, nemesis=StorageNemesis, action=StorageNemesis.disk_full, colour="#8c510a",
+              effects=Effects(fails_saves=True, fills_disk=True), validate=_check_disk_full,
               needs=lambda p: frozenset({"sized_fs"}), effect_check=_disk_full_effect,
-              coverage={"fault_surfaced": _save_on_full_disk},
-              fails_saves=True, fills_disk=True, search=DISK_FULL),
-    FaultKind("errno", "storage", "fail chosen calls with an errno: the nth_call matching call (count times) or "
-              "each with a seeded probability; via faultfs (any call, path globs) or libfiu (the next call)",
-              ErrnoParams, StorageNemesis, StorageNemesis.errno, "#bf812d", validate=_check_errno,
-              needs=lambda p: frozenset({p.via}), effect_check=_errno_effect,
+              coverage={"fault_surfaced": _save_on_full_disk}, search=DISK_FULL),
+    FaultKind(name="errno", family="storage",
+              doc="fail chosen calls with an errno: the nth_call matching call (count times) or each with a seeded "
+                  "probability; via faultfs (any call, path globs) or libfiu (the next call)",
+              params=ErrnoParams, nemesis=StorageNemesis, action=StorageNemesis.errno, colour="#bf812d",
+              effects=Effects(fails_saves=True), validate=_check_errno, needs=lambda p: frozenset({p.via}),
+              effect_check=_errno_effect,
               coverage={"fault_injected": _errno_injected, "fault_surfaced": _errno_surfaced},
-              describe=lambda f, h: f"errno ({f.params.errno} on {f.params.call} of {f.params.path})",
-              fails_saves=True, search=ERRNO),
-    FaultKind("slow", "storage", "add latency_ms to each matching call and/or cap the write bandwidth "
-              "(bandwidth_mb_s)", SlowParams, StorageNemesis, StorageNemesis.slow, "#dfc27d",
+              describe=lambda f, h: f"errno ({f.params.errno} on {f.params.call} of {f.params.path})", search=ERRNO),
+    FaultKind(name="slow", family="storage",
+              doc="add latency_ms to each matching call and/or cap the write bandwidth (bandwidth_mb_s)",
+              params=SlowParams, nemesis=StorageNemesis, action=StorageNemesis.slow, colour="#dfc27d",
               validate=_check_slow, needs=lambda p: frozenset({"faultfs"}), timed=True, search=SLOW),
-    FaultKind("power_loss", "storage", "SIGKILL the whole node, then lose every write not yet made durable by "
-              "fsync, and undo every create and rename not yet made durable (mode undo) or keep them "
-              "(entries-kept)", PowerLossParams, StorageNemesis, StorageNemesis.power_loss, "#543005",
-              validate=_check_power_loss, needs=lambda p: frozenset({"faultfs", "lazy"}),
+    FaultKind(name="power_loss", family="storage",
+              doc="SIGKILL the whole node, then lose every write not yet made durable by fsync, and undo every "
+                  "create and rename not yet made durable (mode undo) or keep them (entries-kept)",
+              params=PowerLossParams, nemesis=StorageNemesis, action=StorageNemesis.power_loss, colour="#543005",
+              effects=Effects(ends_launch=True, crashes=True, loses_unsynced=True), validate=_on_local_storage,
+              needs=lambda p: frozenset({"faultfs", "lazy"}),
               describe=lambda f, h: "power_loss" if f.params.mode == "undo" else f"power_loss ({f.params.mode})",
-              ends_launch=True, crashes=True, loses_unsynced=True, search=POWER_LOSS),
-    FaultKind("corrupt", "storage", "truncate, flip bits in, append to or delete files of a committed checkpoint "
-              "(newest, oldest or by name), or edit its manifest", CorruptParams, StorageNemesis,
-              StorageNemesis.corrupt, "#b2182b",
-              validate=_check_corrupt, effect_check=corruption_detected,
-              coverage={"fault_detected": _newest_damaged}, corrupts_local=True,
+              search=POWER_LOSS),
+    FaultKind(name="corrupt", family="storage",
+              doc="truncate, flip bits in, append to or delete files of a committed checkpoint (newest, oldest or by"
+                  " name), or edit its manifest",
+              params=CorruptParams, nemesis=StorageNemesis, action=StorageNemesis.corrupt, colour="#b2182b",
+              effects=Effects(corrupts_local=True, damages=True), validate=_check_corrupt,
+              effect_check=corruption_detected, coverage={"fault_detected": _newest_damaged},
               describe=lambda f, h: f"corrupt ({f.params.corruption} {'; '.join(h.detail.get('files', []))})",
-              damages=True, search=CORRUPT),
+              search=CORRUPT),
 )
