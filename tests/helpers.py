@@ -73,3 +73,39 @@ def processes_started_by(tmp_path: Path) -> list:
         except psutil.Error:
             pass
     return out
+
+
+# Planted trainers whose fault-free run is the reference trainer's, line for line: their patches replace
+# only code a fault-free run never reaches, so the golden run they would make is the reference's (the same
+# trajectory, digests and final state; two golden runs of the reference differ as much in times, pids and
+# DCP's pickled bytes). Measured on the configurations their tests run (tests/planted_selection.py's
+# golden_differs over coverage-measured golden runs of the reference, as the nightly matrix decides it).
+GOLDEN_OF_THE_REFERENCE = frozenset({
+    # the resume: what it compares, validates, loads, keeps aside or restores (a fresh start finds nothing)
+    "accepts_any_config", "refuses_any_config_change", "refuses_only_lr", "deletes_rejected",
+    "ignores_manifest_step", "load_error_rejects_checkpoint", "loader_not_restored", "old_format_unchecked",
+    "reads_only_its_own_format", "restore_needs_remote", "restore_tries_newest_only",
+    # the uploader and the remote tier, which the golden run leaves out
+    "drain_ignores_grace", "drain_without_respawn", "gives_up_an_upload_early", "remote_delete_keeps_data",
+    "retries_without_waiting", "staging_needs_hard_links", "upload_progress_in_percent",
+    "uploader_keeps_stale_staging", "uploader_trusts_its_puts", "uploader_marks_durable_early",
+    # the emergency save after SIGTERM, which no fault-free run receives
+    "emergency_save_mid_step_only", "exits_0_after_a_failed_emergency_save", "ignores_sigterm",
+})
+
+
+def golden_of_the_reference(s, golden_root: Path) -> None:
+    """Where ``s`` trains a planted trainer of ``GOLDEN_OF_THE_REFERENCE``, give it the reference's golden run
+    of its configuration (made once per session, shared by every test on that configuration) instead of a
+    golden run of its own; otherwise nothing."""
+    from filelock import FileLock
+
+    from ckpt_chaos.run.runner import golden_key, golden_run
+
+    if s.trainer_module.removeprefix("tests.planted.") not in GOLDEN_OF_THE_REFERENCE:
+        return
+    reference = golden_run("reference_trainer", s.trainer, s.world_size, golden_root)
+    mine = Path(golden_root) / golden_key(s.trainer_module, s.trainer, s.world_size)
+    with FileLock(f"{mine}.lock"):  # golden_run's own lock for that key
+        if not mine.exists():
+            mine.symlink_to(reference.name)

@@ -12,6 +12,7 @@ from ckpt_chaos.check.history import FaultFired, RankExited, Reaped, of, read_hi
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import load
+from tests.helpers import golden_of_the_reference
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +23,7 @@ def run(tmp_path, golden_root, scenario_file: str, module: str = "reference_trai
     """Run a catalogue scenario (``FILE`` of the process family, or ``FAMILY/FILE``) with ``module``."""
     path = builtin_scenarios() / scenario_file if "/" in scenario_file else SCENARIOS / scenario_file
     s = dataclasses.replace(load(path), trainer_module=module)
+    golden_of_the_reference(s, golden_root)
     return run_scenario(s, tmp_path, golden_root)
 
 
@@ -186,8 +188,9 @@ def test_a_resume_that_refuses_only_a_changed_learning_rate_is_caught(tmp_path, 
 
     cases, _ = relaunch_cases(load(SCENARIOS / "relaunch-with-changed-lr-is-refused.toml"))
     case = next(c for c in cases if c.field == "seed")
-    r = run_scenario(dataclasses.replace(case.scenario, trainer_module="tests.planted.refuses_only_lr"), tmp_path,
-                     golden_root)
+    s = dataclasses.replace(case.scenario, trainer_module="tests.planted.refuses_only_lr")
+    golden_of_the_reference(s, golden_root)
+    r = run_scenario(s, tmp_path, golden_root)
     assert r.verdict == "fail"
     bad = failed(r)
     assert "launch 1 changed seed = 2468, which a resume must refuse, but it exited with status 0" in bad[

@@ -20,6 +20,7 @@ from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.env import launcher
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import ScenarioError, from_dict, load
+from tests.helpers import golden_of_the_reference
 
 SCENARIOS = builtin_scenarios() / "remote"
 
@@ -45,6 +46,7 @@ def _no_children_left(before: dict[tuple[int, float], str]) -> None:
 
 def _run(tmp_path, golden_root, scenario_file: str, module: str = "reference_trainer"):
     s = dataclasses.replace(load(SCENARIOS / scenario_file), trainer_module=module)
+    golden_of_the_reference(s, golden_root)
     before = _children()
     result = run_scenario(s, tmp_path, golden_root)
     _no_children_left(before)

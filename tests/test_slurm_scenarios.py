@@ -21,7 +21,7 @@ from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.env.slurm import leftovers, listening, missing
 from ckpt_chaos.run.runner import run_scenario
 from ckpt_chaos.scenario import ScenarioError, from_dict, load
-from tests.helpers import REPO
+from tests.helpers import REPO, golden_of_the_reference
 
 NO_SLURM = missing()
 SCENARIOS = builtin_scenarios() / "slurm"
@@ -29,6 +29,7 @@ SCENARIOS = builtin_scenarios() / "slurm"
 
 def run(tmp_path, golden_root, scenario_file: str, module: str):
     s = dataclasses.replace(load(SCENARIOS / scenario_file), trainer_module=module)
+    golden_of_the_reference(s, golden_root)
     return run_scenario(s, tmp_path, golden_root)
 
 
