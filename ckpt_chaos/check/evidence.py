@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 from ckpt_chaos.check.history import read_jsonl, trajectory_records
 from ckpt_chaos.probe import follow
+from ckpt_chaos.probe.run_files import FILES, LISTING, PROBE_LOG, TRAJECTORY
 
-FILE_LOG = "files.jsonl"  # the fanotify recorder's file events (ckpt_chaos.env.fileevents)
 WRITES = ("file.write", "file.done", "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata", "ckpt.stage",
           "file.rename", "file.copy", "faultfs.write", "faultfs.done", "faultfs.rename")
 DONE = ("file.done", "ckpt.shard.done", "faultfs.done", "file.rename", "faultfs.rename", "ckpt.metadata")
@@ -103,9 +103,9 @@ class Evidence:
     def __init__(self, run):
         self.run = run
         self.ckpt = run.s.command.ckpt_dir.strip("/") if run.s.command else "checkpoints"
-        self.log = read_jsonl(run.dir / FILE_LOG) if (run.dir / FILE_LOG).exists() else []
+        self.log = read_jsonl(run.dir / FILES) if (run.dir / FILES).exists() else []
         self.traj = trajectory_records(run.dir)
-        self.gold_traj = {r["step"]: r for r in read_jsonl(run.golden / "trajectory.jsonl")}
+        self.gold_traj = {r["step"]: r for r in read_jsonl(run.golden / TRAJECTORY)}
         self._resumes: dict[int, Resume] = {}
         self._saved: dict[str, int] | None = None
         self._numbering: dict[int, Numbering] = {}
@@ -369,10 +369,10 @@ class Evidence:
         if self._gold is not None:
             return self._gold
         out: dict[str, int] = {}
-        listing = self.run.golden / "files.json"
+        listing = self.run.golden / LISTING
         if listing.exists():
             out.update(json.loads(listing.read_text()))
-        events = read_jsonl(self.run.golden / "probe.jsonl") if (self.run.golden / "probe.jsonl").exists() else []
+        events = read_jsonl(self.run.golden / PROBE_LOG) if (self.run.golden / PROBE_LOG).exists() else []
         gone: set[str] = set()
         for f in follow.files(events):  # each file written, through every rename, in the order they came
             names = f["names"]
@@ -383,7 +383,7 @@ class Evidence:
                 else:
                     out[a] = max(out.get(a, 0), f["size"])  # its folder was
         kept = set(out)
-        gold_log = self.run.golden / FILE_LOG
+        gold_log = self.run.golden / FILES
         for r in (read_jsonl(gold_log) if gold_log.exists() else []):
             if r.get("op") == "rename" and not r.get("dir"):
                 size = out.pop(r.get("src", ""), None)

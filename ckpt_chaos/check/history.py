@@ -20,6 +20,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from ckpt_chaos.probe.run_files import EVENTS, FINAL_STATE, HISTORY, TORCHRUN_LOG, TRAJECTORY
+
 
 class HistoryError(ValueError):
     """A history line that is no record; the message names the file, the line and the problem."""
@@ -232,22 +234,22 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def trajectory(run_dir: Path) -> dict[int, dict]:
     """Step -> record; where a restart re-ran a step, the last record wins (the one that counts)."""
-    return {r["step"]: r for r in read_jsonl(Path(run_dir) / "trajectory.jsonl")}
+    return {r["step"]: r for r in read_jsonl(Path(run_dir) / TRAJECTORY)}
 
 
 def trainer_events(run_dir: Path, kind: str | None = None) -> list[dict]:
-    events = read_jsonl(Path(run_dir) / "events.jsonl")
+    events = read_jsonl(Path(run_dir) / EVENTS)
     return [e for e in events if kind is None or e["event"] == kind]
 
 
 def final_state(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / "final_state.json"
+    path = Path(run_dir) / FINAL_STATE
     return json.loads(path.read_text()) if path.is_file() else None
 
 
 def trajectory_records(run_dir: Path) -> list[dict]:
     """Every step record in the order written, restarts included."""
-    return read_jsonl(Path(run_dir) / "trajectory.jsonl")
+    return read_jsonl(Path(run_dir) / TRAJECTORY)
 
 
 def step_loss(rec: dict) -> float:
@@ -282,7 +284,7 @@ class History:
 def read_history(run_dir: Path) -> list[Record]:
     """The records of a run's ``history.jsonl``, in the order written; a torn last line (a harness
     killed mid-line) is ignored."""
-    path = Path(run_dir) / "history.jsonl"
+    path = Path(run_dir) / HISTORY
     if not path.is_file():
         return []
     out = []
@@ -298,7 +300,7 @@ def read_history(run_dir: Path) -> list[Record]:
 def launch_logs(run_dir: Path, history: list[Record] | None = None) -> dict[int, str] | None:
     """Launch -> its part of ``torchrun.log``: each launch opens its part with a ``$ command`` line.
     None where the parts and the history's launches do not pair up (a backend that logs elsewhere)."""
-    log = Path(run_dir) / "torchrun.log"
+    log = Path(run_dir) / TORCHRUN_LOG
     if not log.exists():
         return None
     parts = re.split(r"(?m)^\$ ", log.read_text(errors="replace"))[1:]

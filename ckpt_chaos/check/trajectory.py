@@ -14,6 +14,7 @@ from pathlib import Path
 from ckpt_chaos.check.evidence import Evidence, Resume
 from ckpt_chaos.check.history import final_state, read_jsonl, step_loss, trainer_events, trajectory
 from ckpt_chaos.check.verdict import Report, Run
+from ckpt_chaos.probe.run_files import EVENTS, GOLDEN, TRAJECTORY
 
 
 EXACT_FIELDS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_seen")
@@ -45,7 +46,7 @@ def trajectory_check(run: Run, report: Report) -> None:
 
 def steps_of(run_dir: Path) -> dict[int, dict]:
     """The trajectory of a stored run: step -> record of rank 0; where a relaunch trained a step again, its record wins."""
-    return {r["step"]: r for r in read_jsonl(Path(run_dir) / "trajectory.jsonl")}
+    return {r["step"]: r for r in read_jsonl(Path(run_dir) / TRAJECTORY)}
 
 
 def _reference_trajectory(run: Run, report: Report) -> None:
@@ -156,7 +157,7 @@ def _command_trajectory(run: Run, ev: Evidence, report: Report, gold: dict, got:
     if missing:
         report.add("trajectory", False, f"steps {missing[0]}..{missing[-1]} of the golden run were never trained")
         return
-    meta = json.loads((run.golden / "golden.json").read_text())
+    meta = json.loads((run.golden / GOLDEN).read_text())
     if run.s.expect.trajectory == "bit-exact" and not meta.get("deterministic", True):
         d = meta["differs"]
         report.add("trajectory", False, f"the trainer is not deterministic: two fault-free runs differ at step "
@@ -215,7 +216,7 @@ def _past_the_end(run: Run, ev: Evidence, report: Report, gold: dict, got: dict)
 
 def _exit_digests(run_dir: Path) -> dict:
     """The model and optimizer digests rank 0 took as its last process exited."""
-    exits = [e for e in read_jsonl(run_dir / "events.jsonl") if e.get("event") == "exit"]
+    exits = [e for e in read_jsonl(run_dir / EVENTS) if e.get("event") == "exit"]
     return exits[-1] if exits else {}
 
 
@@ -259,7 +260,7 @@ def _command_diagnosis(run: Run, ev: Evidence, gold: dict, got: dict, step: int,
                   f"state it loaded is that of {'a later' if num.offset < 0 else 'an earlier'} step than the "
                   "checkpoint's")
     g, r = gold.get(first, {}), got.get(first, {})
-    unstable = json.loads((run.golden / "golden.json").read_text()).get("unstable", [])
+    unstable = json.loads((run.golden / GOLDEN).read_text()).get("unstable", [])
     keys = [k for k in STATE if k in g and k in r and k not in unstable]
     if not keys:
         return head + where + "; the state it started from was not recorded, so the cause cannot be narrowed down"

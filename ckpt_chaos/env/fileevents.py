@@ -94,8 +94,8 @@ import time
 from pathlib import Path
 
 from ckpt_chaos.probe.auto import ENV_RUN_DIR
+from ckpt_chaos.probe.run_files import FILES
 
-FILES = "files.jsonl"
 ENV_SWITCH = "CKPT_CHAOS_FILE_EVENTS"  # "off": record nothing (an "unavailable" record says so)
 
 # <linux/fanotify.h>

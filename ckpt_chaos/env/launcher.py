@@ -41,6 +41,7 @@ import psutil
 
 from ckpt_chaos.env.lifetime import die_with_parent
 from ckpt_chaos.probe import ENV_CONTROLLER
+from ckpt_chaos.probe.run_files import TORCHRUN_LOG
 
 JOB_MARKER = "CKPT_CHAOS_JOB"
 ENV_LAUNCHER = "CKPT_CHAOS_LAUNCHER"
@@ -258,7 +259,7 @@ def _base_env(module: str) -> dict[str, str]:
 
 def launch(run_dir: Path, nproc: int, trainer_args: list[str], *, module: str = "reference_trainer",
            controller: str | None = None, max_restarts: int = 0, env: dict[str, str] | None = None,
-           log_name: str = "torchrun.log", rendezvous: str | None = None, rdzv_id: str = "none",
+           log_name: str = TORCHRUN_LOG, rendezvous: str | None = None, rdzv_id: str = "none",
            launcher: str | None = None) -> Job:
     """Start ``python -m MODULE ARGS`` on ``nproc`` ranks with the launcher's output in run_dir.
 
@@ -292,7 +293,7 @@ def _start(cmd: list[str], run_dir: Path, env: dict[str, str], marker: str, log_
 
 
 def launch_command(run_dir: Path, nproc: int, argv: list[str], *, launcher: str = "torchrun",
-                   env: dict[str, str] | None = None, max_restarts: int = 0, log_name: str = "torchrun.log") -> Job:
+                   env: dict[str, str] | None = None, max_restarts: int = 0, log_name: str = TORCHRUN_LOG) -> Job:
     """Start a trainer of its own: ``torchrun`` with ``nproc`` ranks running ``argv`` (a script and its
     arguments, or ``-m MODULE ...``), or ``argv`` itself where the trainer starts its own ranks
     (``launcher="self"``: Lightning, ``accelerate launch``). ``env`` comes on top of the harness's.

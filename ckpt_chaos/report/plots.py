@@ -25,6 +25,7 @@ from pathlib import Path
 from ckpt_chaos.check.history import (Exited, FaultFired, LaunchStarted, ProbeEvent, RankExited, Record, read_history,
                                      read_jsonl, step_loss)
 from ckpt_chaos.faults import KINDS
+from ckpt_chaos.probe.run_files import FILES, HISTORY, SCENARIO, TRAJECTORY
 
 # One colour per kind of thing on a timeline; each fault in its kind's colour (ckpt_chaos/faults/), as
 # Jepsen gives each fault package its colour.
@@ -32,7 +33,6 @@ COLOURS = {"step": "#9ecae1", "save": "#31a354", "load": "#756bb1", "upload": "#
            "launch": "#636363", "file": "#00441b"}
 PLOTS = {"loss": "loss.svg", "timeline": "timeline.svg"}
 PLOT_ERROR = "plot-error.txt"
-FILES_LOG = "files.jsonl"  # a [command] run's file-event log (fanotify): one JSON object per line
 
 
 def fault_colour(kind: str) -> str:
@@ -57,12 +57,12 @@ def wanted(run_dir: Path) -> dict[str, str]:
     run with a trajectory (its own or its golden run's), a timeline for a run with a history."""
     run_dir = Path(run_dir)
     out = {}
-    for f in (run_dir / "trajectory.jsonl", run_dir / "golden" / "trajectory.jsonl"):
+    for f in (run_dir / TRAJECTORY, run_dir / "golden" / TRAJECTORY):
         if any(has_loss(r) for r in read_jsonl(f)):
             out["loss"] = f"a trajectory ({f.relative_to(run_dir)})"
             break
-    if read_jsonl(run_dir / "history.jsonl"):
-        out["timeline"] = "a history (history.jsonl)"
+    if read_jsonl(run_dir / HISTORY):
+        out["timeline"] = f"a history ({HISTORY})"
     return out
 
 
@@ -98,8 +98,8 @@ def plot_scenario(run_dir: Path) -> dict[str, str]:
 
 
 def _loss(run_dir: Path, history: list[Record]) -> bool:
-    chaos = [r for r in read_jsonl(run_dir / "trajectory.jsonl") if has_loss(r)]
-    golden = sorted({r["step"]: r for r in read_jsonl(run_dir / "golden" / "trajectory.jsonl")
+    chaos = [r for r in read_jsonl(run_dir / TRAJECTORY) if has_loss(r)]
+    golden = sorted({r["step"]: r for r in read_jsonl(run_dir / "golden" / TRAJECTORY)
                      if has_loss(r)}.values(), key=lambda r: r["step"])
     if not chaos and not golden:
         return False
@@ -168,7 +168,7 @@ def _checkpoint_folders(run_dir: Path) -> list[str]:
     """A [command] run's checkpoint folders, from its scenario.toml (``command.ckpt_dir``, ``command.watch``);
     empty where it names none."""
     try:
-        command = tomllib.loads((run_dir / "scenario.toml").read_text()).get("command")
+        command = tomllib.loads((run_dir / SCENARIO).read_text()).get("command")
     except (OSError, ValueError):
         return []
     if not isinstance(command, dict):
@@ -181,7 +181,7 @@ def _file_events(run_dir: Path, history: list[Record]) -> list[dict]:
     """The opens, closes, creations, deletions and renames of checkpoint files in the run's file-event
     log (``files.jsonl``), where it has one: paths relative to the run directory, only those in the
     scenario's checkpoint folders, each with the lane it is drawn on (its rank's, else "others")."""
-    rows = read_jsonl(run_dir / FILES_LOG)
+    rows = read_jsonl(run_dir / FILES)
     if not rows:
         return []
     folders = _checkpoint_folders(run_dir)

@@ -37,6 +37,7 @@ from pathlib import Path
 from jinja2 import Environment, Undefined, select_autoescape
 
 from ckpt_chaos import __version__
+from ckpt_chaos.probe.run_files import RESULT
 
 SCHEMA_VERSION = 1
 COLUMNS = ["scenario", "verdict", "families", "kinds", "launches", "steps_lost", "time_to_detect_s",
@@ -156,7 +157,7 @@ def scenario_row(result, scenario, write: bool = True) -> dict:
     row["trainer_revision"] = (trainer_revision(scenario.trainer_module) if scenario.command is None
                                else file_revision(Path(source)) if source else None)
     if write and row.get("run_dir") and Path(row["run_dir"]).is_dir():
-        _write_json(Path(row["run_dir"]) / "result.json", {**stamp(), **row})
+        _write_json(Path(row["run_dir"]) / RESULT, {**stamp(), **row})
     return row
 
 

@@ -25,13 +25,11 @@ from ckpt_chaos.env.fileevents import FileEvents
 from ckpt_chaos.env.launcher import Job, launch_command, native_crash, worker_pythonpath
 from ckpt_chaos.env.storage import FAULTFS_POINTS, Storage, StorageSpec
 from ckpt_chaos.probe import auto, follow
+from ckpt_chaos.probe.run_files import GOLDEN, LISTING, PLANNED, PROBE_LOG, TORCHRUN_LOG, TRAJECTORY
 from ckpt_chaos.run import triggers
 from ckpt_chaos.run.controller import ProbeServer
 from ckpt_chaos.scenario import Scenario, ScenarioError
 
-PROBE_LOG = "probe.jsonl"  # the golden run's probe events, one per line
-PLANNED = "planned.json"
-LISTING = "files.json"  # the golden run's checkpoint folder as it ended: path -> size
 WRITTEN = {"file.write": "file.done", "ckpt.shard.write": "ckpt.shard.done", "faultfs.write": "faultfs.done"}  # the golden run's file sizes: the plan of a chaos run's file.write fractions
 
 
@@ -269,7 +267,7 @@ def golden_run(s: Scenario, root: Path | None = None, timeout: float = 600) -> P
     key = golden_key(s)
     final = root / key
     with FileLock(str(root / f"{key}.lock")):
-        if (final / "golden.json").is_file():
+        if (final / GOLDEN).is_file():
             return final
         refuse_golden_elsewhere(key, root)
         runs = []
@@ -277,17 +275,17 @@ def golden_run(s: Scenario, root: Path | None = None, timeout: float = 600) -> P
             for tries in (1, 2):
                 work = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
                 rc, events = _golden_once(s, work, timeout)
-                crash = native_crash(work / "torchrun.log") if rc != 0 else None
+                crash = native_crash(work / TORCHRUN_LOG) if rc != 0 else None
                 if crash is None or tries == 2:
                     break
                 # the fault-free run says nothing about faults; a crash the trainer causes comes back
                 print(f"ckpt-chaos: WARNING: {s.source}: the trainer's fault-free run crashed natively ({crash}), "
-                      f"running it once more; its log: {work / 'torchrun.log'}", file=sys.stderr, flush=True)
+                      f"running it once more; its log: {work / TORCHRUN_LOG}", file=sys.stderr, flush=True)
             if rc != 0:
-                log = (work / "torchrun.log").read_text()[-3000:] if (work / "torchrun.log").exists() else ""
+                log = (work / TORCHRUN_LOG).read_text()[-3000:] if (work / TORCHRUN_LOG).exists() else ""
                 raise ScenarioError(f"{s.source}: command: the trainer's fault-free run failed (exit {rc}); "
-                                    f"fix the command or the trainer; its log ({work / 'torchrun.log'}):\n{log}")
-            if not read_jsonl(work / "trajectory.jsonl"):
+                                    f"fix the command or the trainer; its log ({work / TORCHRUN_LOG}):\n{log}")
+            if not read_jsonl(work / TRAJECTORY):
                 raise ScenarioError(f"{s.source}: command: the fault-free run recorded no optimizer step; the "
                                     "automatic probe layer sees steps through torch.optim's step hooks: does the "
                                     "trainer step a torch optimizer, in a process started by the command?")
@@ -299,7 +297,7 @@ def golden_run(s: Scenario, root: Path | None = None, timeout: float = 600) -> P
         for d in watched(s, work):
             if d.is_relative_to(work):
                 shutil.rmtree(d, ignore_errors=True)  # the records are what is kept
-        (work / "golden.json").write_text(json.dumps({"command": asdict(s.command), "world_size": s.world_size,
+        (work / GOLDEN).write_text(json.dumps({"command": asdict(s.command), "world_size": s.world_size,
                                                       "faultfs": uses_faultfs(s),
                                                       "deterministic": differ is None, "differs": differ,
                                                       "unstable": unstable(work, other)}))
@@ -312,8 +310,8 @@ def golden_run(s: Scenario, root: Path | None = None, timeout: float = 600) -> P
 
 def first_difference(a: Path, b: Path, fields: tuple[str, ...]) -> dict | None:
     """The first step where two runs' trajectories differ in ``fields``, and in which, or None."""
-    ta = {r["step"]: r for r in read_jsonl(a / "trajectory.jsonl")}
-    tb = {r["step"]: r for r in read_jsonl(b / "trajectory.jsonl")}
+    ta = {r["step"]: r for r in read_jsonl(a / TRAJECTORY)}
+    tb = {r["step"]: r for r in read_jsonl(b / TRAJECTORY)}
     for step in sorted(set(ta) | set(tb)):
         ra, rb = ta.get(step, {}), tb.get(step, {})
         differ = sorted(k for k in fields if ra.get(k) != rb.get(k))
@@ -327,8 +325,8 @@ def unstable(a: Path, b: Path) -> list[str]:
     (an unseeded Python RNG): the diagnosis does not blame them. A field one run recorded at a step and
     the other did not is not unstable: the state digests are taken before the step after a save, which
     a save the layer does not see (a writer thread, another rank's files) shows a step earlier or later."""
-    ta = {r["step"]: r for r in read_jsonl(a / "trajectory.jsonl")}
-    tb = {r["step"]: r for r in read_jsonl(b / "trajectory.jsonl")}
+    ta = {r["step"]: r for r in read_jsonl(a / TRAJECTORY)}
+    tb = {r["step"]: r for r in read_jsonl(b / TRAJECTORY)}
     return sorted({k for step in set(ta) & set(tb) for k in set(ta[step]) & set(tb[step])
                    if k != "t" and ta[step][k] != tb[step][k]})
 

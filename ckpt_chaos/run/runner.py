@@ -52,6 +52,7 @@ from ckpt_chaos.scenario import Scenario
 from ckpt_chaos.env.storage import Storage, remove_leftovers
 from ckpt_chaos.env.fileevents import FileEvents
 from ckpt_chaos.extras import missing_extra
+from ckpt_chaos.probe.run_files import EVENTS, GOLDEN, HISTORY, RESULT, SCENARIO, TORCHRUN_LOG
 
 # torchrun's line when it begins to close a worker group (torch/distributed/elastic/multiprocessing/api.py).
 CLOSING = re.compile(r"Sending process (\d+) closing signal SIGTERM")
@@ -165,19 +166,19 @@ def golden_run(module: str, cfg: dict, world_size: int, root: Path | None = None
                 job.kill()
             if rc == 0 and final_state(work) is not None:
                 break
-            log = (work / "torchrun.log").read_text()[-3000:] if (work / "torchrun.log").exists() else ""
+            log = (work / TORCHRUN_LOG).read_text()[-3000:] if (work / TORCHRUN_LOG).exists() else ""
             if attempt == 2:
                 raise RuntimeError(f"golden run of {module} at world size {world_size} failed twice (exit {rc}):\n{log}")
             # A fault-free run that fails is not what a scenario tests: on a loaded 2-core machine gloo
             # occasionally aborts a worker ("terminate called without an active exception"). Say so and
             # retry once; a trainer that fails deterministically fails again and stops the scenario.
             print(f"ckpt-chaos: WARNING: golden run of {module} at world size {world_size} failed (exit {rc}), "
-                  f"retrying once; its log: {work / 'torchrun.log'}", file=sys.stderr, flush=True)
+                  f"retrying once; its log: {work / TORCHRUN_LOG}", file=sys.stderr, flush=True)
         _keep_manifests(work / "checkpoints")  # the records and each file's size are all that is needed
         if final.exists():
             shutil.rmtree(final)
         os.rename(work, final)
-        (final / "golden.json").write_text(json.dumps({"module": module, "cfg": cfg, "world_size": world_size}))
+        (final / GOLDEN).write_text(json.dumps({"module": module, "cfg": cfg, "world_size": world_size}))
     return final
 
 
@@ -219,7 +220,7 @@ class ChaosRun:
         self.run_dir = run_dir
         self.storage = storage
         self.ckpt_root = storage.view  # what the harness reads; the trainer writes to run_dir/checkpoints
-        self.history = History(run_dir / "history.jsonl")
+        self.history = History(run_dir / HISTORY)
         self.generator = Generator(scenario.faults)
         self.holds = Holds(self.generator, self.history)  # senders of held triggers wait there (when.after)
         self.lock = threading.Lock()
@@ -565,7 +566,7 @@ def native_crash_where_no_fault_fired(run_dir: Path) -> str | None:
     history = read_history(run_dir)
     fired = {f.launch for f in of(history, FaultFired)}
     if not fired:
-        return native_crash(run_dir / "torchrun.log")
+        return native_crash(run_dir / TORCHRUN_LOG)
     parts = launch_logs(run_dir, history) or {}
     return next((crash for n, part in parts.items() if n not in fired and (crash := native_crash_in(part))), None)
 
@@ -578,7 +579,7 @@ def segfault_in_a_rank(run_dir: Path) -> str | None:
     segmentation fault is no job's reaction to a fault: torch 2.13's functional all-gather under gloo
     segfaults now and then (in ``get_optimizer_state_dict(full_state_dict=True)``, seen here about
     once in a few hundred launches, fault or none)."""
-    log = run_dir / "torchrun.log"
+    log = run_dir / TORCHRUN_LOG
     return "SIGSEGV in a rank" if log.exists() and _SEGFAULT.search(log.read_text(errors="replace")) else None
 
 
@@ -606,7 +607,7 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path | None = None) -
                             "fault": None, "at": None, "verdict": "pass",
                             "detail": f"the first run crashed natively ({crash}); kept in {kept}"})
     again.wall_s += result.wall_s
-    (Path(again.run_dir) / "result.json").write_text(json.dumps(again.to_dict(), indent=1))
+    (Path(again.run_dir) / RESULT).write_text(json.dumps(again.to_dict(), indent=1))
     return again
 
 
@@ -628,7 +629,7 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    (run_dir / "scenario.toml").write_text(s.to_toml())
+    (run_dir / SCENARIO).write_text(s.to_toml())
     base.run_dir = str(run_dir)
     if s.command is not None:
         golden = command.golden_run(s, golden_root)
@@ -653,7 +654,7 @@ def _run_scenario_once(s: Scenario, out_root: Path, golden_root: Path | None) ->
             chaos.history.close()
     result = evaluate(s, run_dir, golden, harness_errors=chaos.errors)
     result.wall_s = time.monotonic() - started
-    (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1))
+    (run_dir / RESULT).write_text(json.dumps(result.to_dict(), indent=1))
     return result
 
 
@@ -693,7 +694,7 @@ def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str]
     for key, measure, found in (("save_s", "total_s", saves), ("save_stall_s", "stall_s", stalls)):
         if not found and getattr(report, key) is None:
             report.timings_why.setdefault(key, f"the trainer reported no save with its {measure} (a saved event in "
-                                               "events.jsonl)")
+                                               f"{EVENTS})")
     # A scenario passes only if every check that applies passed: one that could not tell fails it.
     result = Result(scenario=s.name, verdict="pass" if report.verdict == "pass" else "fail", reason=report.reason,
                   families=s.families,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ckpt_chaos.probe.run_files import SCENARIO
 from ckpt_chaos.subcommands.common import EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK, UsageError, json_out, needs
 
 
@@ -19,10 +20,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ckpt_chaos.scenario import load
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / "scenario.toml").is_file():
-        raise UsageError(f"{run_dir}: holds no scenario.toml; give a scenario run directory such as "
+    if not (run_dir / SCENARIO).is_file():
+        raise UsageError(f"{run_dir}: holds no {SCENARIO}; give a scenario run directory such as "
                          "reports/default/latest/kill-rank1-mid-shard-write")
-    s = load(run_dir / "scenario.toml")
+    s = load(run_dir / SCENARIO)
     try:
         row = results.scenario_row(evaluate(s, run_dir, (run_dir / "golden").resolve()), s, write=False)
     except HistoryError as e:
@@ -89,10 +90,10 @@ def _command_run(root: Path):
     from ckpt_chaos.scenario import ScenarioError, load
 
     for run_dir in (root, root.parent):
-        if not (run_dir / "scenario.toml").is_file():
+        if not (run_dir / SCENARIO).is_file():
             continue
         try:
-            s = load(run_dir / "scenario.toml")
+            s = load(run_dir / SCENARIO)
         except ScenarioError as e:
             raise UsageError(str(e)) from None
         if s.command is not None and (run_dir == root or (run_dir / s.command.ckpt_dir).resolve() == root.resolve()):
