@@ -51,11 +51,13 @@ def _ctrl_c_as_in_a_terminal() -> None:
 TOKEN = "CKPT_CHAOS_TEST_TOKEN"  # in the environment of a CLI under test, so of everything it starts
 
 
-def start_cli(tmp_path: Path, scenario: str, reports: Path | None = None) -> subprocess.Popen:
+def start_cli(tmp_path: Path, scenario: str, reports: Path | None = None,
+              golden: Path | None = None) -> subprocess.Popen:
     """``ckpt-chaos run SCENARIO`` as a child process (to interrupt or SIGKILL it), output piped; every
-    process it starts inherits ``TOKEN=str(tmp_path)`` (``processes_started_by``)."""
+    process it starts inherits ``TOKEN=str(tmp_path)`` (``processes_started_by``). ``golden``: the
+    golden-run cache (the session's ``golden_root``, to share its runs; default: one of its own)."""
     return subprocess.Popen([sys.executable, "-m", "ckpt_chaos.cli", "run", scenario, "--reports",
-                             str(reports or tmp_path / "r"), "--golden-dir", str(tmp_path / "golden")],
+                             str(reports or tmp_path / "r"), "--golden-dir", str(golden or tmp_path / "golden")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, TOKEN: str(tmp_path)}, preexec_fn=_ctrl_c_as_in_a_terminal)
 

@@ -122,8 +122,9 @@ def ours(pid: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_docker_node_loss_scenario_passes_and_leaves_nothing(tmp_path, docker_engine):
-    result = run_scenario(load(SCENARIOS / "docker-kill-node-mid-shard-write.toml"), tmp_path / "r", tmp_path / "g")
+def test_docker_node_loss_scenario_passes_and_leaves_nothing(tmp_path, docker_engine, golden_root):
+    # the golden run is a local one (no nodes), the leftovers test's below
+    result = run_scenario(load(SCENARIOS / "docker-kill-node-mid-shard-write.toml"), tmp_path / "r", golden_root)
     assert result.verdict == "pass", result.checks
     assert result.launches == 2 and result.steps_lost == 4
     logs = sorted(p.name for p in (tmp_path / "r" / "docker-kill-node-mid-shard-write" / "nodes").glob("*.log"))
@@ -157,8 +158,8 @@ def test_interrupted_docker_scenario_leaves_no_container_network_or_volume(tmp_p
 
 
 @pytest.mark.slow
-def test_leftovers_of_a_killed_harness_are_removed(tmp_path, docker_engine):
-    cli = start_cli(tmp_path, "docker-replace-node-with-empty-disk")
+def test_leftovers_of_a_killed_harness_are_removed(tmp_path, docker_engine, golden_root):
+    cli = start_cli(tmp_path, "docker-replace-node-with-empty-disk", golden=golden_root)  # done before any node
     try:
         _wait_for_containers(cli)
     finally:

@@ -455,8 +455,8 @@ def test_interrupted_storage_scenario_leaves_no_mount_process_or_directory(tmp_p
 
 @pytest.mark.slow
 @needs_faultfs
-def test_leftovers_of_a_killed_harness_are_removed(tmp_path):
-    cli = start_cli(tmp_path, "disk-full-mid-shard-write")
+def test_leftovers_of_a_killed_harness_are_removed(tmp_path, golden_root):
+    cli = start_cli(tmp_path, "disk-full-mid-shard-write", golden=golden_root)  # done before any mount
     try:
         _wait_for_mounts(cli, 2)  # tmpfs + bind mount
         # Stopped, the harness is alive, so no other harness (a test on another xdist worker) takes its

@@ -20,13 +20,14 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(trainer_coverage.missing() is not None, reason="needs the 'coverage' extra")]
 
 
-def test_a_rank_killed_by_the_nemesis_keeps_the_lines_it_ran(tmp_path, monkeypatch):
+def test_a_rank_killed_by_the_nemesis_keeps_the_lines_it_ran(tmp_path, monkeypatch, golden_root):
     s = load(builtin_scenarios() / "process" / "kill-rank1-mid-shard-write.toml")
     folder = tmp_path / "coverage"
     monkeypatch.delenv(trainer_coverage.ENV, raising=False)
     trainer_coverage.start(folder, trainer_coverage.default_sources([s]))
     try:
-        r = run_scenario(s, tmp_path / "runs", tmp_path / "golden")
+        # the session's golden run: a golden run is never measured (trainer_coverage.measuring wraps the chaos run)
+        r = run_scenario(s, tmp_path / "runs", golden_root)
     finally:
         monkeypatch.delenv(trainer_coverage.ENV, raising=False)
     assert r.verdict == "pass", r.reason
