@@ -7,19 +7,23 @@ against a planted-bug trainer for real.
 
 from __future__ import annotations
 
+import ast
 import collections
 import dataclasses
 import tomllib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from ckpt_chaos.search.explore import (ERRNO_SITES, MAX_LAUNCHES, SAVE_POINTS, STEP_POINTS, TRAINER, Search, _deletion_order,
-                             identity, tries, where)
+from ckpt_chaos.search import explore
+from ckpt_chaos.search.explore import Search, identity
+from ckpt_chaos.search.reduce import _deletion_order
 from ckpt_chaos.check.verdict import Report
 from ckpt_chaos.run.runner import Result, run_scenario
 from ckpt_chaos.scenario import Fault, Trigger, from_dict, load
-from ckpt_chaos.search.schedule import DEFAULT_FAMILIES, rules
+from ckpt_chaos.search.schedule import (DEFAULT_FAMILIES, ERRNO_SITES, MAX_LAUNCHES, SAVE_POINTS, STEP_POINTS, TRAINER,
+                                        rules, tries, where)
 
 
 def _checks(*checks: tuple[str, str, str]) -> list[dict]:
@@ -310,3 +314,11 @@ def test_the_remote_family_builds_valid_remote_scenarios(tmp_path):
                 assert s.faults[i + 1].attempt == f.attempt
     assert all(s.remote is None for s in seen if not any(f.kind in ("lose_disk", "toxic") or f.target == "uploader"
                                                          for f in s.faults))
+
+
+def test_the_search_module_exports_only_what_it_defines():
+    """No facade: what explore.py exports is its own and public; the rest is imported where it is defined."""
+    tree = ast.parse(Path(explore.__file__).read_text())
+    own = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    own |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    assert [n for n in explore.__all__ if n.startswith("_") or n not in own] == []

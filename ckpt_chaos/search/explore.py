@@ -97,20 +97,14 @@ from hypothesis.stateful import run_state_machine_as_test
 from ckpt_chaos.config import cache_dir, golden_dir, out_dir
 from ckpt_chaos.scenario import Fault, Scenario, ScenarioError, load
 from ckpt_chaos.search._hypothesis_compat import fixed_constants
-from ckpt_chaos.search.machine import FaultSchedule, machine_for
-from ckpt_chaos.search.reduce import _deletion_order, _without, reduce
-from ckpt_chaos.search.schedule import (CORRUPT_FILES, DEFAULT_FAMILIES, DISK_FULL_PLACES, ERRNO_SITES, KINDS,
-                                        MAX_LAUNCHES, RANK0_POINTS, RECOVERY_POINTS, SAVE_POINTS, STEP_POINTS,
-                                        TOPOLOGY, TRAINER, WORLD_SIZE, build, expected, tries, where)
-from ckpt_chaos.search.schedule import errno_site as _errno_site, position as _position, save_step as _save_step
+from ckpt_chaos.search.machine import machine_for
+from ckpt_chaos.search.reduce import reduce
+from ckpt_chaos.search.schedule import DEFAULT_FAMILIES, KINDS, build, tries, where
 
-# What other code and the tests import from here, wherever it is defined now.
-__all__ = ["CORRUPT_FILES", "DEFAULT_FAMILIES", "DISK_FULL_PLACES", "ERRNO_SITES", "EXAMPLES_PER_ROUND",
-           "HYPOTHESIS_SHRINK_SHARE", "KINDS", "MAX_LAUNCHES", "NOT_FINDINGS", "RANK0_POINTS", "RECOVERY_POINTS",
-           "SAVE_POINTS", "STEP_POINTS", "TOPOLOGY", "TRAINER", "WORLD_SIZE", "Attempt", "FaultSchedule", "Finding",
-           "Search", "ScheduleFailed", "Summary", "_deletion_order", "_errno_site", "_position", "_save_step",
-           "_without", "build", "expected", "failure_type", "fixed_constants", "identity", "machine_for", "tries",
-           "where"]
+# The search and what it reports; the schedules it draws are search/schedule.py's, the state machine
+# that draws them search/machine.py's, the deletion pass search/reduce.py's.
+__all__ = ["EXAMPLES_PER_ROUND", "HYPOTHESIS_SHRINK_SHARE", "NOT_FINDINGS", "Attempt", "Finding", "Search",
+           "ScheduleFailed", "Summary", "failure_type", "identity"]
 
 # Of a failure's shrinking time, hypothesis's shrinker gets this share; a fault-level deletion pass
 # (``reduce``) the rest, on its own clock: at 30-60 s a run, hypothesis alone gets through few candidates.

@@ -16,7 +16,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
         return code
     from rich.console import Console
 
-    from ckpt_chaos.search.explore import KINDS, Search
+    from ckpt_chaos.search.explore import Search
+    from ckpt_chaos.search.schedule import KINDS
 
     families = [f for f in args.families.split(",") if f]
     bad = [f for f in families if f not in KINDS]
