@@ -121,7 +121,7 @@ def test_bad_remote_input_names_the_file_key_and_fix(data, key, words):
 def test_a_heal_in_a_later_launch_lifts_a_kept_toxic_only(keep):
     data = _scenario(remote={}, recovery={"max_restarts": 1}, faults=[
         {"kind": "toxic", "toxic": "reset_peer", "keep": keep, "when": {"point": "step.end", "rank": 0, "step": 3}},
-        {"kind": "kill", "target": "rank:1", "when": {"point": "step.end", "rank": 1, "step": 4}},
+        {"kind": "kill", "target": "rank:1", "when": {"point": "step.end", "rank": 1, "step": 4, "after": 0}},
         {"kind": "heal", "attempt": 1, "when": {"point": "step.end", "rank": 0, "step": 5}}])
     if keep:
         from_dict(data, "scenarios/remote/x.toml", "x")
