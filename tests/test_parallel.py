@@ -236,7 +236,7 @@ def _markers(procs: list[psutil.Process]) -> set[str]:
 
 
 @pytest.mark.slow
-def test_ctrl_c_mid_parallel_run_kills_every_process_of_every_scenario_and_exits_130(tmp_path):
+def test_ctrl_c_mid_parallel_run_kills_every_process_of_every_scenario_and_exits_130(tmp_path, golden_root):
     # Everything the run starts inherits this variable: the workers, torchrun, the ranks, faultfs.
     tag = uuid.uuid4().hex
     second = "power-loss-mid-shard-write" if storage.missing("tmpfs", faultfs=True) is None \
@@ -245,7 +245,7 @@ def test_ctrl_c_mid_parallel_run_kills_every_process_of_every_scenario_and_exits
     env = {**os.environ, "CKPT_CHAOS_TEST_TAG": tag,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.Popen([sys.executable, "-m", "ckpt_chaos.cli", "run", "-n", "2", "kill-rank1-mid-shard-write",
-                            second, "--reports", str(reports), "--golden-dir", str(tmp_path / "golden")],
+                            second, "--reports", str(reports), "--golden-dir", str(golden_root)],  # the session's
                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
