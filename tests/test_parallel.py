@@ -24,6 +24,7 @@ from ckpt_chaos.env.launcher import JOB_MARKER
 from ckpt_chaos.run import parallel
 from ckpt_chaos.run.parallel import Scheduler, Slots, Weight, weight
 from ckpt_chaos.scenario import load
+from tests.helpers import golden_of_the_reference
 from tests.test_cli import cli
 from tests.test_pytest_plugin import QUICK
 
@@ -159,13 +160,14 @@ def test_leftover_removal_leaves_a_live_harness_alone_and_clears_a_dead_ones(tmp
 
 # ---- the command line ---------------------------------------------------------------------------------
 
-def _project(root: Path) -> Path:
+def _project(root: Path, golden_root: Path) -> Path:
     (root / "chaos").mkdir(parents=True)
     (root / "chaos" / "lose-node.toml").write_text(QUICK.format(module="reference_trainer", known=""))
     (root / "chaos" / "lose-node-at-7.toml").write_text(
         QUICK.format(module="reference_trainer", known="").replace("step = 6", "step = 7"))
-    (root / "chaos" / "known-bug.toml").write_text(QUICK.format(module="tests.planted.rng_not_saved",
+    (root / "chaos" / "known-bug.toml").write_text(QUICK.format(module="tests.planted.loader_not_restored",
                                                                 known='known_failure = "trajectory"'))
+    golden_of_the_reference(load(root / "chaos" / "known-bug.toml"), golden_root)  # the planted bug is the resume's
     (root / "pyproject.toml").write_text('[tool.ckpt-chaos]\nscenarios = ["chaos"]\nbuiltin = false\n')
     return root
 
@@ -174,7 +176,7 @@ def _project(root: Path) -> Path:
 def test_a_parallel_run_gives_each_scenario_its_verdict_in_catalogue_order(tmp_path, golden_root):
     """Two at a time, with a known failure: the verdicts, the JSON and the JUnit file in the catalogue's
     order whatever order the workers ended in, and no worker files left."""
-    project = _project(tmp_path / "project")
+    project = _project(tmp_path / "project", golden_root)
     out = cli("run", "-n", "2", "--json", "--junitxml", "junit.xml", "--reports", "r", "--golden-dir",
               str(golden_root), cwd=project, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]  # a known failure does not fail the suite
@@ -195,7 +197,7 @@ def test_a_parallel_run_gives_each_scenario_its_verdict_in_catalogue_order(tmp_p
 @pytest.mark.nightly
 @pytest.mark.slow
 def test_parallel_run_has_the_serial_verdicts_in_catalogue_order(tmp_path, golden_root):
-    project = _project(tmp_path / "project")
+    project = _project(tmp_path / "project", golden_root)
     golden = str(golden_root)
     runs = {}
     for jobs in ("1", "2"):

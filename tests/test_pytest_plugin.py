@@ -98,12 +98,16 @@ def test_the_ini_option_makes_only_its_folders_scenarios(tmp_path):
 def three_scenarios(tmp_path_factory, golden_root):
     """One pytest run over three small scenarios: one that passes, a planted bug declared as a known
     failure of the check it fails, and the correct trainer with the same declaration (fixed)."""
+    from ckpt_chaos.scenario import load
+    from tests.helpers import golden_of_the_reference
+
     tmp = tmp_path_factory.mktemp("plugin")
     chaos = tmp / "chaos"
     chaos.mkdir()
     (chaos / "passes.toml").write_text(QUICK.format(module="reference_trainer", known=""))
-    (chaos / "known-bug.toml").write_text(QUICK.format(module="tests.planted.rng_not_saved",
+    (chaos / "known-bug.toml").write_text(QUICK.format(module="tests.planted.loader_not_restored",
                                                        known='known_failure = "trajectory"'))
+    golden_of_the_reference(load(chaos / "known-bug.toml"), golden_root)  # the planted bug is the resume's
     (chaos / "bug-fixed.toml").write_text(QUICK.format(module="reference_trainer",
                                                        known='known_failure = "trajectory"'))
     junit = tmp / "junit.xml"
