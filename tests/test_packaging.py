@@ -152,7 +152,7 @@ def test_missing_extra_names_the_extra_only_when_a_module_is_absent(monkeypatch)
 
 
 @pytest.mark.slow
-def test_the_core_imports_and_runs_without_any_extra(tmp_path):
+def test_the_core_imports_and_runs_without_any_extra(tmp_path, golden_root):
     """With every extra's modules made unimportable (but the reference trainer's torch, which the
     scenario trains), the runner imports and a process scenario passes; each extra then reports
     itself missing."""
@@ -175,7 +175,8 @@ assert all(missing_extra(e) for e in EXTRAS if e != "trainer"), [missing_extra(e
 r = run_scenario(load(builtin_scenarios() / "process" / "{SCENARIO}.toml"), Path(sys.argv[1]), Path(sys.argv[2]))
 print(r.verdict, r.reason)
 """
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out"), str(tmp_path / "golden")],
+    # the session's golden run of the scenario: making one runs the same launch the chaos run does
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out"), str(golden_root)],
                        capture_output=True, text=True, cwd=REPO, timeout=500)
     assert p.returncode == 0 and p.stdout.startswith("pass"), p.stdout + p.stderr[-3000:]
 
