@@ -15,7 +15,7 @@ from ckpt_chaos.env.storage import FAULTFS_POINTS
 from ckpt_chaos.faults.registry import KINDS, Invalid
 from ckpt_chaos.faults.targets import target_ranks
 from ckpt_chaos.probe import auto
-from ckpt_chaos.profile import TrainerProfile, profile_of
+from ckpt_chaos.probe.profile import TrainerProfile, profile_of
 from ckpt_chaos.scenario_model import (AUTO_POINTS, BACKENDS, CHOICE_NAMES, EXTERNAL_POINTS, FAMILIES, FAULT_KINDS,
                                        FULL_SUITE, GENERIC_KEYS, PATH_POINTS, PLACEHOLDERS, CHANGE_PLACEHOLDERS, Cluster,
                                        Command, Expect, Fault, Recovery, Remote, Scenario, Storage, Trigger)

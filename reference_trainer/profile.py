@@ -1,4 +1,4 @@
-"""The reference trainer's declaration to ckpt-chaos (``ckpt_chaos.profile``): its fields are
+"""The reference trainer's declaration to ckpt-chaos (``ckpt_chaos.probe.profile``): its fields are
 ``TrainConfig``'s, a resume refuses a change of any but ``RESUMABLE_CHANGES``, and its retention and
 manifest are those of ``reference_trainer/checkpoint.py``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ckpt_chaos.profile import Retention, TrainerProfile
+from ckpt_chaos.probe.profile import Retention, TrainerProfile
 from reference_trainer.config import RESUMABLE_CHANGES, ConfigError, TrainConfig
 
 

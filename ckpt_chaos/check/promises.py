@@ -15,7 +15,7 @@ one hand-picked case:
   policy each ``save_failed`` event names) ends its launch with a non-zero status and no step after
   it: a scheduler must not take a job that lost its checkpoint for one that finished.
 
-The policy is the trainer's: a probed trainer's as its profile declares it (``ckpt_chaos.profile``:
+The policy is the trainer's: a probed trainer's as its profile declares it (``ckpt_chaos.probe.profile``:
 its fields, defaults and retention, with the keys each launch ran with); a ``[command]`` trainer's as
 its scenario declares it (``command.keep_last``).
 """
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ckpt_chaos.check.history import Exited, kept_aside, named
 from ckpt_chaos.check.verdict import Report, Run, first_few, trajectory_records
 from ckpt_chaos.probe.layout import parse_name
-from ckpt_chaos.profile import profile_of
+from ckpt_chaos.probe.profile import profile_of
 
 if TYPE_CHECKING:
     from ckpt_chaos.scenario import Scenario
