@@ -346,17 +346,39 @@ def test_a_trigger_on_an_upload_the_uploader_skipped_is_unknown_not_unfired(tmp_
     from ckpt_chaos.config import builtin_scenarios
     from ckpt_chaos.scenario import load
 
-    s = load(builtin_scenarios() / "remote" / "remote-bit-rot-then-disk-lost.toml")  # both on upload.durable of 8
+    s = load(builtin_scenarios() / "remote" / "remote-bit-rot-then-disk-lost.toml")  # 1, 2 on upload.durable of 8
     skipped = {"event": "upload_skipped", "role": "uploader", "attempt": 0, "name": "step_00000008",
                "newer": "step_00000010", "t": 5.0}
     for events, said in (([skipped], "the uploader skipped"), ([{**skipped, "name": "step_00000004"}], "check faults[")):
         report = Report()
         _faults_fired(Run(s, tmp_path, tmp_path, [Exited(launch=0, rc=0, snapshot={})], events), report)
-        assert [c.verdict for c in report.checks] == ["unknown", "unknown"], report.checks
-        assert said in report.checks[0].detail, report.checks
+        assert [c.verdict for c in report.checks] == ["unknown"] * 3, report.checks
+        assert "check faults[0]" in report.checks[0].detail, report.checks  # the stop at step 9's end
+        assert said in report.checks[1].detail and said in report.checks[2].detail, report.checks
     report = Report()
     _faults_fired(Run(s, tmp_path, tmp_path, [Exited(launch=0, rc=0, snapshot={})], [skipped]), report)
-    assert "the uploader skipped step_00000008 for the newer step_00000010" in report.checks[0].detail
+    assert "the uploader skipped step_00000008 for the newer step_00000010" in report.checks[1].detail
+
+
+def test_a_promised_resume_is_unknown_where_the_fault_that_ends_the_launch_never_fired(tmp_path):
+    """expect.resume_from promises a relaunch after the scenario's crash; where that crash never came
+    (the uploader skipped the checkpoint its trigger names), a job ending in one launch broke nothing.
+    Where it came and no relaunch followed, the promise is broken."""
+    from ckpt_chaos.check.resume import resume_from
+    from ckpt_chaos.check.verdict import Run
+    from ckpt_chaos.config import builtin_scenarios
+    from ckpt_chaos.scenario import load
+
+    s = load(builtin_scenarios() / "remote" / "local-rot-then-durable-copy-restored.toml")
+    report = Report()
+    resume_from(Run(s, tmp_path, tmp_path, [Exited(launch=0, rc=0, snapshot={})], []), report)
+    [c] = report.checks
+    assert (c.name, c.verdict) == ("resume_from", "unknown") and "fault 0 (stop)" in c.detail, c
+    report = Report()
+    stop = FaultFired(t=1.0, launch=0, index=0, fault="stop", target="all", at={"point": "step.end", "rank": 0})
+    resume_from(Run(s, tmp_path, tmp_path, [stop, Exited(launch=0, rc=0, snapshot={})], []), report)
+    [c] = report.checks
+    assert c.verdict == "fail" and "but no relaunch came" in c.detail, c
 
 
 def test_manifest_facts_fail_a_manifest_that_leaves_out_or_misstates_the_training_it_holds(tmp_path):

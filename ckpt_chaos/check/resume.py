@@ -169,6 +169,14 @@ def _no_relaunch(run: Run, report: Report) -> None:
     if want is None or len(run.launches()) > 1:
         return
     ex = run.exit_of(run.launches()[-1]) if run.launches() else None
+    fired = {h.index for h in run.faults()}
+    unfired = [i for i, f in enumerate(run.s.faults) if f.ends_launch and i not in fired]
+    if unfired and not any(run.s.faults[i].ends_launch for i in fired):
+        # no fault that ends a launch acted: the run never asked for the relaunch the promise is about
+        report.add("resume_from", "unknown", f"the scenario expects a relaunch to resume from {want}, but "
+                   f"fault {unfired[0]} ({run.s.faults[unfired[0]].kind}), which would have ended the launch, "
+                   f"never fired (see fault_{unfired[0]}_fired): nothing called for a relaunch")
+        return
     how = "was not recorded" if ex is None else f"was exit status {ex.rc}"
     report.add("resume_from", False, f"the scenario expects a relaunch to resume from {want}, but no relaunch came: "
                f"the job ended in one launch, whose end {how}" + (
