@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from ckpt_chaos import __version__, config
+from ckpt_chaos.subcommands.audit import audit_options, cmd_audit
 from ckpt_chaos.subcommands.cadence import cmd_cadence
 from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
                                            UsageError)
@@ -108,6 +109,7 @@ def parser() -> argparse.ArgumentParser:
 
     _cadence_options(command("cadence", "goodput against checkpoint interval (no training)", cmd_cadence))
     _explore_options(command("explore", "search fault schedules for failures, shrink each one", cmd_explore))
+    audit_options(command("audit", "a trainer's resilience matrix from its command line alone", cmd_audit), _jobs)
     return p
 
 

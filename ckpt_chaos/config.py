@@ -94,6 +94,7 @@ class ProjectConfig:
     scenarios: list[Path] = field(default_factory=list)  # the project's own scenario folders
     out: Path | None = None  # where runs and reports go
     builtin: bool | None = None  # true: select the built-in catalogue too; false: never offer it; unset: neither
+    audit: dict = field(default_factory=dict)  # [tool.ckpt-chaos.audit], read by ckpt_chaos/subcommands/audit.py
 
     def scenario_dirs(self, given: list[Path] | None = None, builtin: bool = False) -> list[Path]:
         """The folders ``list`` and ``run`` select from: ``given`` (``--scenarios``), else the project's;
@@ -143,7 +144,7 @@ def project_config(start: Path | None = None) -> ProjectConfig:
     key = f"tool.{TOOL_TABLE}"
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: {key}: expected a table; write [{key}] with keys")
-    allowed = {"scenarios", "out", "builtin"}
+    allowed = {"scenarios", "out", "builtin", "audit"}
     for k in table:
         if k not in allowed:
             raise ConfigError(f"{path}: {key}.{k}: unknown key; allowed keys: {', '.join(sorted(allowed))}")
@@ -164,8 +165,11 @@ def project_config(start: Path | None = None) -> ProjectConfig:
     if builtin is not None and not isinstance(builtin, bool):
         raise ConfigError(f"{path}: {key}.builtin: expected true or false, found {builtin!r}; true: list and run "
                           "take the built-in catalogue besides the project's scenarios (as --builtin)")
+    audit = table.get("audit", {})
+    if not isinstance(audit, dict):
+        raise ConfigError(f"{path}: {key}.audit: expected a table; write [{key}.audit] with argv = [...]")
     return ProjectConfig(file=path, scenarios=dirs, out=(path.parent / out).resolve() if out else None,
-                         builtin=builtin)
+                         builtin=builtin, audit=audit)
 
 
 def out_dir(option: str | Path | None = None, project: ProjectConfig | None = None) -> Path:

@@ -1,0 +1,307 @@
+"""The audit's scenarios, from a trainer's profile (``discover.py``): ordinary scenario files, each with
+a comment that says why it exists, the same files for the same profile.
+
+Every fault aims at a save the profile saw: the second (so that a first is there to fall back on),
+or the only one. Per family (``FAMILIES``):
+
+* ``mid-write``: a kill at half of each distinct file of that save (one per role: ``rank0.pt`` and
+  ``rank1.pt`` are one role), at the point that reports its writer's bytes: ``file.write`` for
+  Python's, ``ckpt.shard.write`` for DCP's shards, ``faultfs.write`` for a native writer;
+* ``commit``: a kill between the save's data and its commit (the rename of its entry, or its pointer);
+* ``power-loss``: power cut right after the save, in both modes of ``power_loss``;
+* ``term``: SIGTERM to the last rank only, and to every rank, between two saves;
+* ``disk-full``: the checkpoint file system fills as the save starts;
+* ``errno``: EIO on the first write of the save's largest file, and on its fsync;
+* ``kill``: every rank killed between two saves;
+* ``load``: the relaunch killed as it loads the checkpoint it resumes from;
+* ``corrupt``: the newest checkpoint damaged (truncated) before a kill, for a trainer whose checkpoints
+  are folders (the fault damages the files of a folder).
+
+A fault this machine cannot inject (root, FUSE, tmpfs) is left out with the reason the harness gives
+(``faults.requirements``), as is one the profile gives no point for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckpt_chaos.audit.discover import NATIVE, Profile, Save, SeenFile, glob_escape
+from ckpt_chaos.probe import follow
+
+FAMILIES = ("mid-write", "commit", "power-loss", "term", "disk-full", "errno", "kill", "load", "corrupt")
+SUITE = "audit"
+TENTHS = 10  # the probe layer reports a write at each tenth of its planned size (auto_state.TENTHS)
+
+
+@dataclass
+class Generated:
+    name: str
+    family: str
+    point: str
+    """Where the fault aims, as the matrix's column says it."""
+    fault: str
+    """The fault, as the matrix's row says it."""
+    text: str
+    left_out: str | None = None
+    """Why it is not run here (nothing is written for it)."""
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def trainer_name(p: Profile) -> str:
+    """A name for the trainer's scenarios: its script's folder and name, else its first words."""
+    argv = [a for a in p.command["argv"] if "{" not in a]
+    script = next((a for a in argv if a.endswith(".py")), None)
+    if script:
+        path = Path(script)
+        return slug(f"{path.parent.name}-{path.stem}" if path.parent.name else path.stem)
+    return slug(" ".join(argv[:2])) or "trainer"
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
+    return "[" + ", ".join(toml_value(x) for x in v) + "]"
+
+
+def _key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def _command(p: Profile) -> dict:
+    c = p.command
+    out = {"argv": c["argv"]}
+    if c.get("launcher", "torchrun") != "torchrun":
+        out["launcher"] = c["launcher"]
+    for k in ("relaunch_argv", "env", "key", "watch", "requires"):
+        if c.get(k):
+            out[k] = c[k]
+    if c.get("ckpt_dir", "checkpoints") != "checkpoints":
+        out["ckpt_dir"] = c["ckpt_dir"]
+    out["complete"] = p.complete
+    if p.save_every:
+        out["save_every"] = p.save_every
+    if c.get("saves_in_flight"):
+        out["saves_in_flight"] = c["saves_in_flight"]
+    if p.keep_last and isinstance(p.complete, str):  # a pointer names one checkpoint: no set to retain
+        out["keep_last"] = p.keep_last
+    return out
+
+
+def _text(p: Profile, name: str, why: str, faults: list[dict], tags: list[str], storage: dict | None = None,
+          recovery: dict | None = None) -> str:
+    lines = [f"# ckpt-chaos audit: {why}", "# Generated from the trainer's fault-free run; rerun with ckpt-chaos run.",
+             f"description = {toml_value(why)}", f"tags = {toml_value(['audit', *tags])}",
+             f"world_size = {p.world_size}", f"suites = {toml_value([SUITE])}", "", "[command]"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in _command(p).items()]
+    if storage:
+        lines += ["", "[storage]"] + [f"{k} = {toml_value(v)}" for k, v in storage.items()]
+    for f in faults:
+        lines += ["", "[[faults]]"] + [f"{k} = {toml_value(v)}" for k, v in f.items()]
+    if recovery:
+        lines += ["", "[recovery]"] + [f"{k} = {toml_value(v)}" for k, v in recovery.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _reports_at_half(size: int) -> int:
+    """How many of one file's write reports have half its bytes or more: one at each tenth of its
+    planned size, rounded up, at least a byte apart (``auto_files._Watched._boundary``)."""
+    done, n = 0, 0
+    while done < size:
+        k = done * TENTHS // size + 1
+        done = min(size, max(done + 1, -(-k * size // TENTHS)))
+        n += done * 2 >= size
+    return n
+
+
+def _mid_write(p: Profile, s: Save, f: SeenFile, k: int) -> dict:
+    when = {"point": f.point, "rank": f.rank, "path": glob_escape(f.final), "min_fraction": 0.5}
+    same = [x for x in _earlier(p, s) for g in x.files if g.final == f.final and g.rank == f.rank]
+    if same:  # a file rewritten under the same name every save (a pointer): the k-th save's report
+        when["nth"] = len(same) * _reports_at_half(f.size) + 1
+    return {"kind": "kill", "target": f"rank:{f.rank}", "when": when}
+
+
+def _earlier(p: Profile, s: Save) -> list[Save]:
+    return p.saves[:p.saves.index(s)]
+
+
+def _rel(p: Profile, path: str) -> str:
+    """A path inside the checkpoint folder, as errno's path glob takes it; a random temporary name
+    (safetensors' .tmpXXXXXX) masked as the plan masks it."""
+    vocab = {w for s in p.saves for f in s.files for w in follow.WORD.findall(f.final)}
+    return follow.masked(path, vocab)[len(p.ckpt_dir.rstrip("/")) + 1:]
+
+
+def generate(p: Profile, families: tuple[str, ...] = FAMILIES) -> list[Generated]:
+    """The audit's scenarios for ``p``, in a fixed order; those this machine cannot run carry ``left_out``."""
+    if p.complete is None:
+        raise ValueError("the profile has no complete rule: " + "; ".join(p.problems))
+    name = trainer_name(p)
+    target = p.saves[1] if len(p.saves) > 1 else p.saves[0]
+    prev = _earlier(p, target)[-1] if _earlier(p, target) else None
+    k = p.saves.index(target) + 1
+    # between the save before the target and the target: a resume from the one before
+    mid = min(target.step, (prev.step if prev else 0) + (p.save_every or 2) // 2 + 1)
+    at = f"save {k} (after step {target.step}, {target.entry})"
+    writer = target.files[0].rank if target.files else 0
+    out: list[Generated] = []
+
+    def add(family: str, point: str, fault: str, why: str, faults: list[dict], tags: list[str], **kw) -> None:
+        if family in families:
+            n = f"{name}--{slug(family)}--{slug(fault + ' ' + point)}"
+            out.append(Generated(n, family, point, fault, _text(p, n, why, faults, tags, **kw)))
+
+    def skip(family: str, point: str, fault: str, why: str) -> None:
+        if family in families:
+            n = f"{name}--{slug(family)}--{slug(fault + ' ' + point)}"
+            out.append(Generated(n, family, point, fault, "", left_out=why))
+
+    for f in target.roles:
+        role = f.role[len(p.ckpt_dir.rstrip("/")) + 1:]
+        add("mid-write", role, "kill at half",
+            f"rank {f.rank} is SIGKILLed half-way through writing {f.final} ({f.size} bytes, written by "
+            f"{f.writer}{' through faultfs, which sees native writers' if f.writer == NATIVE else ''}) in {at}",
+            [_mid_write(p, target, f, k)], ["mid-write"])
+
+    before = target.marks.get("before_commit")
+    if before:
+        what = f"the pointer {target.pointer}" if target.pointer else f"the rename of {target.entry} into place"
+        add("commit", "before commit", "kill",
+            f"rank {before['rank']} is SIGKILLed after the data of {at} is written ({before['point']} of "
+            f"{before.get('path')}) and before {what}",
+            [{"kind": "kill", "target": f"rank:{before['rank']}", "when": before}], ["commit"])
+    else:
+        skip("commit", "before commit", "kill", f"{at} is written in place: it has no commit step to cut before")
+
+    end = target.marks.get("end")
+    for mode in ("undo", "entries-kept"):
+        if end:
+            add("power-loss", "after save", f"power loss {mode}",
+                f"power is cut right after {at} ends ({end['point']} of {end.get('path')}, rank {end['rank']}); "
+                f"mode {mode}: un-fsynced data lost, and directory entries no folder fsync made durable "
+                f"{'undone' if mode == 'undo' else 'kept'}", [{"kind": "power_loss", "mode": mode, "when": end}],
+                ["power-loss"])
+
+    last = p.world_size - 1
+    add("term", f"step {mid}", f"SIGTERM rank {last}",
+        f"only rank {last} gets SIGTERM (a preemption notice that reached one node) as step {mid} begins, "
+        f"between saves; the relaunch resumes from {prev.entry if prev else 'scratch'}",
+        [{"kind": "term", "target": f"rank:{last}", "grace_s": 10.0,
+          "when": {"point": "step.begin", "rank": last, "step": mid}}], ["preemption"])
+    add("term", f"step {mid}", "SIGTERM all",
+        f"every rank gets SIGTERM as step {mid} begins (a preemption of the whole job), between saves",
+        [{"kind": "term", "target": "all", "grace_s": 10.0, "when": {"point": "step.begin", "rank": 0, "step": mid}}],
+        ["preemption"])
+
+    size = sum(f.size for s in p.saves for f in s.files)
+    add("disk-full", "save start", "disk full",
+        f"the checkpoint file system fills up as {at} starts (after step {target.step}); the relaunch, the disk "
+        "freed, must resume from a whole checkpoint",
+        [{"kind": "disk_full", "when": {"point": "step.end", "rank": writer, "step": target.step}}], ["disk-full"],
+        storage={"fs": "tmpfs", "size_mb": max(16, min(4096, 4 * -(-size // 2**20)))})
+
+    data = [f for f in target.files if f.final != target.pointer]
+    big = max(data, key=lambda f: f.size) if data else None
+    if big:
+        add("errno", _rel(p, big.names[0]), "EIO on write",
+            f"the first write of {big.names[0]} (the largest file of {at}) fails with EIO",
+            [{"kind": "errno", "call": "write", "errno": "EIO", "path": _rel(p, big.names[0]), "nth_call": 1,
+              "target": f"rank:{big.rank}", "when": {"point": "step.end", "rank": big.rank, "step": target.step}}],
+            ["errno"])
+        synced = next((n for n in big.names if n in target.fsynced), None)
+        if synced:
+            add("errno", _rel(p, synced), "EIO on fsync",
+                f"the fsync of {synced} (the largest file of {at}) fails with EIO",
+                [{"kind": "errno", "call": "fsync", "errno": "EIO", "path": _rel(p, synced), "nth_call": 1,
+                  "target": f"rank:{big.rank}", "when": {"point": "step.end", "rank": big.rank, "step": target.step}}],
+                ["errno", "fsync"])
+        else:
+            skip("errno", _rel(p, big.final), "EIO on fsync", f"{big.final} is never fsynced: no fsync to fail "
+                 "(the power-loss scenarios show what that costs)")
+
+    add("kill", f"step {mid}", "SIGKILL all",
+        f"every rank is SIGKILLed as step {mid} begins, between saves; the relaunch resumes from "
+        f"{prev.entry if prev else 'scratch'} and must train on as the fault-free run did",
+        [{"kind": "kill", "target": "all", "when": {"point": "step.begin", "rank": 0, "step": mid}}], ["mid-interval"])
+
+    if prev is None:
+        skip("load", "relaunch load", "kill", "the first save is the target: no checkpoint before it to load")
+        skip("corrupt", "newest checkpoint", "truncate", "no checkpoint before the target save to corrupt")
+        return out
+    first = max((f for f in prev.files if f.final != prev.pointer), key=lambda f: f.size, default=None)
+    if p.loads_with_torch and first is not None and first.writer == "torch.save":
+        load = {"point": "load.begin", "rank": 0}
+        how = "its torch.load"
+    elif first is not None:
+        load = {"point": "faultfs.open", "rank": 0, "path": glob_escape(first.final)}
+        how = f"its open of {first.final} (faultfs: whatever reads it)"
+    else:
+        load = None
+    if load:
+        add("load", "relaunch load", "kill",
+            f"every rank is SIGKILLed as step {mid} begins; the relaunch's rank 0 is SIGKILLed again at {how}; "
+            f"the third launch must resume from {prev.entry} once more: a load only reads",
+            [{"kind": "kill", "target": "all", "when": {"point": "step.begin", "rank": 0, "step": mid}},
+             {"kind": "kill", "target": "rank:0", "attempt": 1, "when": load}], ["load", "double-fault"],
+            recovery={"max_restarts": 2})
+    folder = [f for f in prev.files if prev.entry and f.final.startswith(f"{p.ckpt_dir.rstrip('/')}/{prev.entry}/")]
+    if folder:
+        victim = max(folder, key=lambda f: f.size)
+        base = victim.final.rsplit("/", 1)[1]
+        add("corrupt", "newest checkpoint", "truncate",
+            f"{base} of the newest checkpoint, {prev.entry}, is truncated to half as step {mid} begins and every rank "
+            "is SIGKILLed: the relaunch must not train on from a damaged checkpoint",
+            [{"kind": "corrupt", "corruption": "truncate", "file": glob_escape(base), "checkpoint": prev.entry,
+              "when": {"point": "step.begin", "rank": 0, "step": mid}},
+             {"kind": "kill", "target": "all", "when": {"point": "step.begin", "rank": 0, "step": mid}}],
+            ["corruption"])
+    else:
+        skip("corrupt", "newest checkpoint", "truncate",
+             f"the corrupt fault damages the files of a checkpoint folder, and this trainer's checkpoints are "
+             f"single files ({prev.entry})")
+    return out
+
+
+def check(gen: list[Generated], folder: Path) -> list[Generated]:
+    """Load each scenario as ``ckpt-chaos run`` will (a malformed one is a bug here: it raises), and
+    mark those whose faults this machine cannot inject as left out, with the harness's reason."""
+    from ckpt_chaos.faults import requirements
+    from ckpt_chaos.scenario import from_dict
+
+    for g in gen:
+        if g.left_out:
+            continue
+        s = from_dict(tomllib.loads(g.text), str(folder / f"{g.name}.toml"), g.name)
+        why = requirements(s)
+        if why:
+            g.left_out = f"cannot inject {why}"
+    return gen
+
+
+def write(gen: list[Generated], folder: Path) -> list[Path]:
+    """The scenarios that run here, as files in ``folder`` (the audit's own earlier files replaced)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = {g.name for g in gen if g.left_out is None}
+    for old in folder.glob("*.toml"):
+        if old.stem not in names and old.read_text().startswith("# ckpt-chaos audit:"):
+            old.unlink()
+    out = []
+    for g in gen:
+        if g.left_out is None:
+            path = folder / f"{g.name}.toml"
+            path.write_text(g.text)
+            out.append(path)
+    return out

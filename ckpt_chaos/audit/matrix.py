@@ -1,0 +1,58 @@
+"""The audit's matrix: each generated scenario's verdict, by fault and point, with the cause of each
+failure (the first failing check that says what, in the order the judge gives them: the job's own
+outcome says only that something failed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ckpt_chaos.audit.generate import Generated
+
+OUTCOME = ("job_completed",)
+FAILED = ("fail", "xpass", "unknown", "error")
+
+
+def cell(g: Generated, row: dict | None) -> dict:
+    """One cell: the scenario's fault, point, verdict and, for a failure, its first telling check."""
+    out = {"scenario": g.name, "family": g.family, "fault": g.fault, "point": g.point}
+    if g.left_out:
+        return {**out, "verdict": "left out", "check": "", "detail": g.left_out, "run_dir": ""}
+    if row is None:
+        return {**out, "verdict": "error", "check": "", "detail": "no result: the run stopped before it",
+                "run_dir": ""}
+    checks = row.get("checks") or []
+    failing = [c for c in checks if c.get("verdict") == "fail"] or [c for c in checks if c.get("verdict") == "unknown"]
+    first = next((c for c in failing if c["name"] not in OUTCOME), failing[0] if failing else None)
+    verdict = row.get("verdict", "error")
+    detail = (first or {}).get("detail") or (row.get("reason") or "" if verdict != "pass" else "")
+    return {**out, "verdict": verdict, "check": (first or {}).get("name", ""), "detail": detail,
+            "run_dir": row.get("run_dir", "")}
+
+
+def cells(gen: list[Generated], results: Path | None) -> list[dict]:
+    """The cells of every generated scenario, from a suite run's ``results.json`` (None: not run)."""
+    rows = {}
+    if results is not None and results.is_file():
+        rows = {r["scenario"]: r for r in json.loads(results.read_text())["results"]}
+    return [cell(g, rows.get(g.name)) for g in gen]
+
+
+def findings(cs: list[dict]) -> list[dict]:
+    return [c for c in cs if c["verdict"] in FAILED]
+
+
+def table(cs: list[dict], width: int = 160):
+    """The matrix as a rich table: a row per fault and point."""
+    from rich.table import Table
+
+    colour = {"pass": "green", "fail": "red", "xpass": "red", "unknown": "magenta", "error": "red",
+              "skipped": "yellow", "left out": "yellow", "xfail": "cyan"}
+    t = Table(title="ckpt-chaos audit: fault x point", show_lines=False)
+    for col in ("fault", "point", "verdict", "cause"):
+        t.add_column(col, overflow="fold")
+    for c in cs:
+        v = c["verdict"]
+        cause = f"{c['check']}: {c['detail']}" if c["check"] else c["detail"]
+        t.add_row(c["fault"], c["point"], f"[{colour.get(v, 'white')}]{v}[/]", cause[:width * 2])
+    return t
