@@ -1,0 +1,331 @@
+"""``ckpt-chaos audit``: the profile read from a golden run's records, the scenarios generated from it,
+the command line's bad input; end to end on the plain DDP example (slow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ckpt_chaos.audit.discover import DiscoveryError, Profile, describe, discover
+from ckpt_chaos.audit.generate import FAMILIES, _reports_at_half, check, generate, write
+from ckpt_chaos.probe.run_files import FILES, GOLDEN, LISTING, PROBE_LOG, TRAJECTORY
+from ckpt_chaos.scenario import from_dict
+from tests.helpers import REPO
+
+ARGV = ["examples/plain_ddp/train.py", "--ckpt-dir", "{ckpt_dir}", "--steps", "12", "--save-every", "4"]
+
+
+class Records:
+    """A golden run's records in the format run/command.py keeps them: probe events of two ranks
+    (steps, and the file points of the probe layer), fanotify's file events, the final listing."""
+
+    def __init__(self, steps: int = 12):
+        self.events: list[dict] = []
+        self.files: list[dict] = []
+        self.steps = steps
+        self.t = 1000.0
+        self.seq = {0: 0, 1: 0}
+
+    def point(self, rank: int, point: str, **info) -> None:
+        self.t += 0.01
+        self.seq[rank] += 1
+        self.events.append({"rank": rank, "role": "rank", "pid": 100 + rank, "seq": self.seq[rank], "attempt": 0,
+                            "restart": 0, "point": point, "t": self.t, "info": info, "received": self.t})
+
+    def fanotify(self, rank: int, op: str, path: str, **more) -> None:
+        self.t += 0.01
+        self.files.append({"t": self.t, "launch": 0, "pid": 100 + rank, "rank": rank, "job": True, "op": op,
+                           "path": path, "dir": False, "source": "fanotify", **more})
+
+    def step(self, s: int) -> None:
+        for r in (0, 1):
+            self.point(r, "step.begin", step=s)
+            self.point(r, "step.end", step=s)
+
+    def write(self, folder: Path, listing: dict[str, int], world: int = 2) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        armed = {"armed": ["files", "torch.optim", "torch.save", "torch.load"], "points": []}
+        head = [{"rank": r, "point": "probe.armed", "t": 999.0, "info": armed} for r in range(world)]
+        (folder / PROBE_LOG).write_text("".join(json.dumps(e) + "\n" for e in head + self.events))
+        (folder / FILES).write_text("".join(json.dumps(e) + "\n" for e in self.files))
+        (folder / LISTING).write_text(json.dumps(listing))
+        (folder / TRAJECTORY).write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, self.steps + 1)))
+        command = {"argv": ARGV, "launcher": "torchrun", "relaunch_argv": [], "ckpt_dir": "checkpoints",
+                   "key": ["examples/plain_ddp/train.py"], "env": {}, "complete": "*"}
+        (folder / GOLDEN).write_text(json.dumps({"command": command, "world_size": world}))
+        return folder
+
+
+def plain_ddp(tmp_path: Path) -> Path:
+    """plain_ddp/train.py's saves, as its golden run records them: rank 0 torch.saves step_N.pt.tmp,
+    fsyncs it, renames it, fsyncs the folder; the newest 2 kept."""
+    r = Records()
+    for s in range(1, 13):
+        r.step(s)
+        if s % 4 == 0:
+            tmp, final = f"checkpoints/step_{s:08d}.pt.tmp", f"checkpoints/step_{s:08d}.pt"
+            r.point(0, "ckpt.stage", name=tmp.split("/")[1], path=tmp, via="torch.save")
+            r.fanotify(0, "create", tmp)
+            r.fanotify(0, "close", tmp, wrote=True, size=23149)
+            r.point(0, "file.done", path=tmp, bytes=23149, via="torch.save")
+            r.point(0, "file.fsync", path=tmp, call="fsync")
+            r.point(0, "file.rename", path=final, src=tmp, call="replace")
+            r.fanotify(0, "rename", final, src=tmp)
+            r.point(0, "file.fsync", path="checkpoints", call="fsync")
+            if s == 12:
+                r.point(0, "file.remove", path="checkpoints/step_00000004.pt", call="remove")
+    return r.write(tmp_path / "golden", {"checkpoints/step_00000008.pt": 23149, "checkpoints/step_00000012.pt": 23149})
+
+
+def pointer_trainer(tmp_path: Path) -> Path:
+    """A DeepSpeed-style save: global_stepN/ with a native writer's model.safetensors (fanotify only:
+    Python never sees its bytes) and Python's state.json, then latest.tmp renamed to latest."""
+    r = Records()
+    for s in range(1, 13):
+        r.step(s)
+        if s % 4 == 0:
+            d = f"checkpoints/global_step{s}"
+            r.fanotify(0, "create", f"{d}/.tmpAbCdEf")
+            r.fanotify(0, "rename", f"{d}/model.safetensors", src=f"{d}/.tmpAbCdEf")
+            r.fanotify(0, "close", f"{d}/model.safetensors", wrote=True, size=75692)
+            r.point(0, "file.done", path=f"{d}/state.json", bytes=43411, via="open")
+            r.point(0, "file.fsync", path=d, call="fsync")
+            r.point(0, "file.fsync", path="checkpoints", call="fsync")
+            name = f"global_step{s}"
+            r.point(0, "file.done", path="checkpoints/latest.tmp", bytes=len(name), via="open")
+            r.point(0, "file.rename", path="checkpoints/latest", src="checkpoints/latest.tmp", call="replace")
+            r.point(0, "file.fsync", path="checkpoints", call="fsync")
+    return r.write(tmp_path / "golden", {"checkpoints/latest": 13, "checkpoints/global_step4/state.json": 1,
+                                         "checkpoints/global_step8/state.json": 1,
+                                         "checkpoints/global_step12/state.json": 1})
+
+
+# ---- discovery ------------------------------------------------------------------------------------
+
+def test_profile_of_a_rename_and_fsync_trainer(tmp_path):
+    p = discover(plain_ddp(tmp_path))
+    assert [s.step for s in p.saves] == [4, 8, 12]
+    assert p.save_every == 4 and p.complete == "step_*.pt" and p.keep_last == 2
+    f = p.saves[1].files[0]
+    assert f.names == ["checkpoints/step_00000008.pt.tmp", "checkpoints/step_00000008.pt"]
+    assert (f.writer, f.commit, f.fsynced, f.point) == ("torch.save", "rename", True, "file.write")
+    assert p.saves[1].commit == "rename" and p.saves[1].ranks == [0]
+    assert p.saves[1].fsynced == ["checkpoints/step_00000008.pt.tmp", "checkpoints"]
+    # the last event before the rename is the temporary file's fsync; the save ends with the folder's 2nd fsync
+    assert p.saves[1].marks["before_commit"] == {"point": "file.fsync", "rank": 0,
+                                                 "path": "checkpoints/step_00000008.pt.tmp"}
+    assert p.saves[1].marks["end"] == {"point": "file.fsync", "rank": 0, "path": "checkpoints", "nth": 2}
+    assert "glob" in p.why["complete"] and "2 left" in p.why["retention"]
+    assert Profile.from_dict(json.loads(p.to_json())) == p
+
+
+def test_profile_of_a_pointer_and_native_writer(tmp_path):
+    p = discover(pointer_trainer(tmp_path))
+    assert p.complete == {"pointer": "latest"}
+    s = p.saves[1]
+    assert s.entry == "global_step8" and s.pointer == "checkpoints/latest"
+    native = next(f for f in s.files if f.final.endswith("model.safetensors"))
+    assert (native.writer, native.point) == ("native", "faultfs.write")
+    assert native.names == ["checkpoints/global_step8/model.safetensors"]
+    # between the data and the pointer: the checkpoint folder's fsync that precedes latest.tmp
+    assert s.marks["before_commit"] == {"point": "file.fsync", "rank": 0, "path": "checkpoints", "nth": 3}
+    assert s.marks["commit"] == {"point": "file.rename", "rank": 0, "path": "checkpoints/latest", "nth": 2}
+
+
+def test_a_pointer_holding_the_step_number_gets_its_format(tmp_path):
+    r = Records()
+    for s in range(1, 9):
+        r.step(s)
+        if s % 4 == 0:
+            r.point(0, "file.done", path=f"checkpoints/iter_{s:07d}/model.pt", bytes=100, via="torch.save")
+            r.point(0, "file.done", path="checkpoints/latest_checkpointed_iteration.txt", bytes=len(str(s)), via="open")
+    p = discover(r.write(tmp_path / "g", {}))
+    assert p.complete == {"pointer": "latest_checkpointed_iteration.txt", "format": "iter_{:07d}"}
+
+
+def test_no_complete_rule_names_what_it_saw_and_the_key(tmp_path):
+    r = Records()
+    for s in range(1, 9):
+        r.step(s)
+        if s % 4 == 0:
+            r.point(0, "file.done", path=f"checkpoints/ckpt-{'ab'[s // 4 - 1]}.pt", bytes=100, via="torch.save")
+    p = discover(r.write(tmp_path / "g", {}))
+    assert p.complete is None
+    assert "ckpt-a.pt" in p.problems[0] and "declare complete" in p.problems[0]
+    with pytest.raises(ValueError, match="no complete rule"):
+        generate(p)
+    # declared, it is taken as given
+    assert discover(tmp_path / "g", {"complete": "ckpt-*.pt"}).complete == "ckpt-*.pt"
+
+
+def test_a_trainer_that_writes_nothing_under_ckpt_dir(tmp_path):
+    r = Records()
+    for s in range(1, 5):
+        r.step(s)
+    r.point(0, "file.done", path="/tmp/elsewhere.pt", bytes=10, via="torch.save")
+    with pytest.raises(DiscoveryError, match=r"wrote nothing under \{ckpt_dir\}.*--ckpt-dir \{ckpt_dir\}"):
+        discover(r.write(tmp_path / "g", {}))
+
+
+# ---- generation -------------------------------------------------------------------------------------
+
+def _tables(g) -> dict:
+    return tomllib.loads(g.text)
+
+
+def test_generated_scenarios_aim_at_the_discovered_points(tmp_path):
+    p = discover(plain_ddp(tmp_path))
+    gen = {g.name: g for g in generate(p)}
+    assert {g.family for g in gen.values()} == set(FAMILIES)
+    mid = _tables(gen["plain-ddp-train--mid-write--kill-at-half-step-pt"])
+    assert mid["faults"] == [{"kind": "kill", "target": "rank:0", "when": {
+        "point": "file.write", "rank": 0, "path": "checkpoints/step_00000008.pt", "min_fraction": 0.5}}]
+    assert mid["command"]["complete"] == "step_*.pt" and mid["command"]["save_every"] == 4
+    assert mid["command"]["keep_last"] == 2
+    commit = _tables(gen["plain-ddp-train--commit--kill-before-commit"])["faults"][0]
+    assert commit["when"] == {"point": "file.fsync", "rank": 0, "path": "checkpoints/step_00000008.pt.tmp"}
+    modes = [_tables(g)["faults"][0] for g in gen.values() if g.family == "power-loss"]
+    assert [(f["mode"], f["when"]["nth"]) for f in modes] == [("undo", 2), ("entries-kept", 2)]
+    load = _tables(gen["plain-ddp-train--load--kill-relaunch-load"])
+    assert load["faults"][1] == {"kind": "kill", "target": "rank:0", "attempt": 1,
+                                 "when": {"point": "load.begin", "rank": 0}}
+    assert load["recovery"] == {"max_restarts": 2}
+    fsync = _tables(gen["plain-ddp-train--errno--eio-on-fsync-step-00000008-pt"])["faults"][0]
+    assert (fsync["call"], fsync["path"]) == ("fsync", "step_00000008.pt.*")
+    disk = _tables(gen["plain-ddp-train--disk-full--disk-full-save-start"])
+    assert disk["storage"] == {"fs": "tmpfs", "size_mb": 16}
+    # a checkpoint that is one file has no folder for corrupt to damage: left out, saying why
+    assert "single files" in gen["plain-ddp-train--corrupt--truncate-newest-checkpoint"].left_out
+    # between saves 1 and 2, so that the resume is from save 1
+    kill = _tables(gen["plain-ddp-train--kill--sigkill-all-step-7"])["faults"][0]
+    assert kill["when"] == {"point": "step.begin", "rank": 0, "step": 7}
+    for g in gen.values():
+        assert g.left_out or g.text.startswith("# ckpt-chaos audit: ")
+
+
+def test_generated_scenarios_load_and_are_the_same_each_time(tmp_path):
+    golden = plain_ddp(tmp_path)
+    first = check(generate(discover(golden)), tmp_path / "s")
+    again = generate(discover(golden))
+    assert [(g.name, g.text) for g in first] == [(g.name, g.text) for g in again]
+    for g in first:
+        if g.text:
+            s = from_dict(tomllib.loads(g.text), g.name, g.name)  # ckpt-chaos run's own checks
+            assert s.command.argv == ARGV and s.suites[0] == "audit"
+    written = write(first, tmp_path / "s")
+    assert sorted(p.stem for p in written) == sorted(g.name for g in first if not g.left_out)
+    # an earlier audit's file that is no longer generated goes; a file of the user's stays
+    (tmp_path / "s" / "mine.toml").write_text("description = 'mine'\n")
+    (tmp_path / "s" / "stale.toml").write_text("# ckpt-chaos audit: old\n")
+    write(first, tmp_path / "s")
+    assert (tmp_path / "s" / "mine.toml").exists() and not (tmp_path / "s" / "stale.toml").exists()
+
+
+def test_native_and_pointer_files_get_their_own_points(tmp_path):
+    gen = {g.name: _tables(g) for g in generate(discover(pointer_trainer(tmp_path)))}
+    native = gen["plain-ddp-train--mid-write--kill-at-half-global-step-model-safetensors"]["faults"][0]
+    assert native["when"]["point"] == "faultfs.write"
+    python = gen["plain-ddp-train--mid-write--kill-at-half-global-step-state-json"]["faults"][0]
+    assert python["when"]["point"] == "file.write"
+    ptr = gen["plain-ddp-train--mid-write--kill-at-half-latest"]["faults"][0]["when"]
+    # 12 bytes: 6 reports at half or more in each save; the 2nd save's first is the 7th
+    assert ptr == {"point": "file.write", "rank": 0, "path": "checkpoints/latest", "min_fraction": 0.5, "nth": 7}
+    assert "keep_last" not in gen["plain-ddp-train--kill--sigkill-all-step-7"]["command"]  # a pointer: no set kept
+    corrupt = gen["plain-ddp-train--corrupt--truncate-newest-checkpoint"]["faults"][0]
+    assert (corrupt["checkpoint"], corrupt["file"]) == ("global_step4", "model.safetensors")
+    load = gen["plain-ddp-train--load--kill-relaunch-load"]["faults"][1]["when"]
+    assert load == {"point": "faultfs.open", "rank": 0, "path": "checkpoints/global_step4/model.safetensors"}
+
+
+def test_reports_at_half_follow_the_probe_layers_tenths():
+    # a write is reported at each tenth of the file, rounded up, at least a byte apart
+    assert _reports_at_half(24) == 6
+    assert _reports_at_half(1000) == 6
+    assert _reports_at_half(3) == 2  # bytes 1, 2, 3: 2 and 3 are half or more
+
+
+def test_describe_names_every_file_and_inference(tmp_path):
+    text = "\n".join(describe(discover(plain_ddp(tmp_path))))
+    assert "checkpoints/step_00000008.pt.tmp -> checkpoints/step_00000008.pt" in text
+    assert "cadence: every 4 steps" in text and "complete: 'step_*.pt'" in text
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+
+def audit(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckpt_chaos.cli", "audit", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_cli_without_a_command_says_how_to_give_one(tmp_path):
+    p = audit(cwd=tmp_path)
+    assert p.returncode == 2
+    assert "give its command after --" in p.stderr and "[tool.ckpt-chaos.audit]" in p.stderr
+
+
+def test_cli_command_without_ckpt_dir(tmp_path):
+    p = audit("--", "train.py", "--steps", "3", cwd=tmp_path)
+    assert p.returncode == 2 and "does not name {ckpt_dir}" in p.stderr and "--ckpt-dir {ckpt_dir}" in p.stderr
+
+
+def test_cli_bad_placeholder_names_the_key(tmp_path):
+    p = audit("--", "train.py", "{ckpt_dir}", "{nope}", cwd=tmp_path)
+    assert p.returncode == 2 and "command.argv" in p.stderr and "{nope}" in p.stderr
+
+
+def test_pyproject_table_is_read_and_checked(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.ckpt-chaos.audit]\nargv = ["train.py"]\nnproc = "two"\n')
+    p = audit(cwd=tmp_path)
+    assert p.returncode == 2 and "tool.ckpt-chaos.audit.nproc" in p.stderr and "nproc = 2" in p.stderr
+    (tmp_path / "pyproject.toml").write_text('[tool.ckpt-chaos.audit]\nargv = ["train.py"]\nbogus = 1\n')
+    p = audit(cwd=tmp_path)
+    assert p.returncode == 2 and "tool.ckpt-chaos.audit.bogus: unknown key" in p.stderr
+    # the table's command is the one audited: here it names no {ckpt_dir}, and the message names the file
+    (tmp_path / "pyproject.toml").write_text('[tool.ckpt-chaos.audit]\nargv = ["train.py", "--steps", "3"]\n')
+    p = audit(cwd=tmp_path)
+    assert p.returncode == 2 and "pyproject.toml [tool.ckpt-chaos.audit]" in p.stderr and "{ckpt_dir}" in p.stderr
+
+
+def test_cli_a_command_that_fails_its_fault_free_run(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('broken trainer: no such dataset', flush=True)\nsys.exit(3)\n")
+    p = audit("--launcher", "self", "--golden-dir", str(tmp_path / "golden"), "--out", str(tmp_path / "out"), "--",
+              "{python}", str(script), "{ckpt_dir}", cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert "fault-free run failed (exit 3)" in p.stderr and "broken trainer: no such dataset" in p.stderr
+
+
+# ---- end to end -----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.nightly  # make test: the discovery and generation units above, from plain_ddp's records
+def test_discover_only_on_plain_ddp(tmp_path, command_golden_root):
+    p = audit("--discover-only", "--json", "--golden-dir", str(command_golden_root), "--out", str(tmp_path), "--",
+              *ARGV)
+    assert p.returncode == 0, p.stderr
+    profile = json.loads(p.stdout)
+    assert profile["save_every"] == 4 and profile["complete"] == "step_*.pt" and profile["keep_last"] == 2
+    assert [s["step"] for s in profile["saves"]] == [4, 8, 12]
+    f = profile["saves"][1]["files"][0]
+    assert f["names"] == ["checkpoints/step_00000008.pt.tmp", "checkpoints/step_00000008.pt"]
+    assert f["writer"] == "torch.save" and f["fsynced"]
+    assert "commit rename" in p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.nightly  # make test: the generation units above; the examples' hand-written suite runs these faults
+def test_small_audit_of_plain_ddp(tmp_path, command_golden_root):
+    """Two families whose verdicts the trainer's code decides: a kill between saves resumes from
+    step_4 and trains on bit for bit (the checkpoint holds every rank's RNG and the data position);
+    a kill before the rename leaves only step_00000008.pt.tmp, which step_*.pt does not match."""
+    p = audit("--families", "kill,commit", "--golden-dir", str(command_golden_root), "--out", str(tmp_path),
+              "--json", "--", *ARGV)
+    assert p.returncode == 0, p.stderr[-3000:]
+    cells = json.loads(p.stdout)["cells"]
+    assert {(c["fault"], c["verdict"]) for c in cells} == {("SIGKILL all", "pass"), ("kill", "pass")}
+    assert (tmp_path / "matrix.json").is_file() and (tmp_path / "profile.json").is_file()
