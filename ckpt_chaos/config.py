@@ -12,6 +12,9 @@ A project configures ckpt-chaos in its own ``pyproject.toml``::
     out = "build/chaos"               # where runs and reports go (default: the current directory)
     builtin = false                   # true: list and run take the built-in catalogue too, as --builtin
 
+    [tool.ckpt-chaos.audit]           # ckpt-chaos audit's trainer and settings (docs/audit.md)
+    argv = ["train.py", "--ckpt-dir", "{ckpt_dir}"]
+
 ``ckpt-chaos list`` and ``run`` take the project's folders only (``--scenarios DIR`` instead, when
 given); the built-in catalogue only with ``--builtin`` or ``builtin = true``, or where no folder of
 the project's is given (outside a project). A scenario named on the command line is also looked up

@@ -6,6 +6,7 @@ project's ``[tool.ckpt-chaos.audit]``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 import time
@@ -171,7 +172,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
             say(f"left out: {x.fault} at {x.point}: {x.left_out}")
     if args.no_run or not paths:
         return EXIT_OK
-    results = _run(paths, out, root, args.jobs or given.get("jobs", 1))
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        results = _run(paths, out, root, args.jobs or given.get("jobs", 1))
     cs = matrix.cells(gen, results)
     (out / "matrix.json").write_text(json_out_text({"profile": str(out / "profile.json"), "results": str(results),
                                                     "wall_s": round(time.monotonic() - started, 1), "cells": cs}))
