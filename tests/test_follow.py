@@ -218,3 +218,70 @@ def test_a_point_that_does_not_follow_renames_says_the_temporary_name_it_reports
 def test_every_kind_of_point_is_refused_when_the_golden_run_never_reaches_it(tmp_path, when, expect):
     msg = refusal(tmp_path, when, ACCELERATE)
     assert msg is not None and expect in msg, msg
+
+
+RENAME_BEFORE_CLOSE = r"""
+import os, sys
+d = sys.argv[1]
+with open(os.path.join(d, "step_8.pt.tmp"), "wb") as f:  # Python's open(), renamed before it is closed
+    f.write(b"p" * 5000)
+    f.flush()
+    os.fsync(f.fileno())
+    os.replace(os.path.join(d, "step_8.pt.tmp"), os.path.join(d, "step_8.pt"))
+fd = os.open(os.path.join(d, "rank1.pt.tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"d" * 3000)
+os.fsync(fd)
+os.replace(os.path.join(d, "rank1.pt.tmp"), os.path.join(d, "rank1.pt"))
+os.close(fd)
+"""
+
+
+def test_a_file_renamed_before_it_is_closed_is_done_under_its_new_name_and_a_write_trigger_on_it_accepted(
+        tmp_path):
+    """The probe layer follows a rename of a file it has open: its file.done names where the file is
+    (and where it was opened, ``opened``), so the golden run's file keeps both names and a file.write
+    trigger on the final name is no native writer's file."""
+    import os
+    import subprocess
+    import sys
+
+    from ckpt_chaos.probe import auto
+    from ckpt_chaos.run.controller import ProbeServer
+    from tests.helpers import REPO
+
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    events: list[dict] = []
+    with ProbeServer(events.append) as server:
+        env = {**os.environ, "RANK": "0",
+               **auto.environment(server.address, tmp_path, [ckpt], pythonpath=str(REPO))}
+        out = subprocess.run([sys.executable, "-c", RENAME_BEFORE_CLOSE, str(ckpt)], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    done = {e["info"]["path"]: e["info"] for e in events if e["point"] == "file.done"}
+    assert done["checkpoints/step_8.pt"] == {"path": "checkpoints/step_8.pt", "bytes": 5000, "via": "open",
+                                             "opened": "checkpoints/step_8.pt.tmp"}, done
+    assert done["checkpoints/rank1.pt"]["opened"] == "checkpoints/rank1.pt.tmp", done
+    assert [e["info"]["path"] for e in events if e["point"] == "file.fsync"] == [
+        "checkpoints/step_8.pt.tmp", "checkpoints/rank1.pt.tmp"]  # fsynced before the renames
+    names = {f["names"][-1]: f["names"] for f in follow.files(events)}
+    assert names["checkpoints/step_8.pt"] == ["checkpoints/step_8.pt.tmp", "checkpoints/step_8.pt"]
+    assert names["checkpoints/rank1.pt"] == ["checkpoints/rank1.pt.tmp", "checkpoints/rank1.pt"]
+    probe_events = [{k: e[k] for k in ("point", "rank", "info")} for e in events]
+    for path in ("checkpoints/step_8.pt", "checkpoints/rank1.pt"):
+        when = f'{{ point = "file.write", rank = 0, path = "{path}", min_fraction = 0.5 }}'
+        assert refusal(tmp_path, when, probe_events) is None
+
+
+def test_a_file_write_trigger_on_a_file_python_wrote_only_the_header_of_is_refused_as_native(tmp_path):
+    """np.save on a Python file writes its 128-byte header through it and the array through the
+    descriptor: file.write reports from a tenth of the file, which Python's bytes never reach, so a
+    trigger on it could never fire; a file whose Python bytes reach a tenth is reported."""
+    events = [ev("file.done", path="checkpoints/step_8.npy.tmp", bytes=13984, native=True, python_bytes=128),
+              ev("file.rename", path="checkpoints/step_8.npy", src="checkpoints/step_8.npy.tmp"),
+              ev("file.done", path="checkpoints/mixed.bin", bytes=10000, native=True, python_bytes=1000)]
+    msg = refusal(tmp_path, '{ point = "file.write", rank = 0, path = "checkpoints/step_8.npy", min_fraction = 0.5 }',
+                  events)
+    assert msg is not None and ("checkpoints/step_8.npy is written by a native writer the layer does not see: aim at "
+                                "faultfs.write (Python wrote 128 of its 13984 bytes") in msg, msg
+    assert refusal(tmp_path, '{ point = "file.write", rank = 0, path = "checkpoints/mixed.bin" }', events) is None

@@ -12,6 +12,7 @@ import shutil
 import stat
 
 from ckpt_chaos import probe
+from ckpt_chaos.probe import follow
 from ckpt_chaos.probe.auto_state import CHUNK, TENTHS, WHOLE, _arm, _orig, _point, _Quiet, _quiet, _s, _watched
 
 
@@ -38,6 +39,7 @@ class _Watched(io.RawIOBase):
     def __init__(self, raw, rel: str, via: str, whole_from: int | None = WHOLE):
         super().__init__()
         self._raw, self.rel, self.via = raw, rel, via
+        self.opened = rel  # the name it was opened under; ``rel`` follows a rename while it is open
         # a first write of at least this many bytes is the trainer's one call that wrote the file;
         # None: no write tells (text comes in chunks of any size that TextIOWrapper gathers)
         self._whole_from = whole_from
@@ -93,7 +95,8 @@ class _Watched(io.RawIOBase):
         """A point's info: ``bytes``, what Python wrote, or where more, the bytes on disk (``size``,
         the descriptor's) with ``native``."""
         info = {"path": self.rel, "bytes": self.written, "via": self.via,
-                **({"aliases": self.aliases} if self.aliases else {})}
+                **({"aliases": self.aliases} if self.aliases else {}),
+                **({"opened": self.opened} if self.opened != self.rel else {})}
         if size is not None and size - self._base > self.written:
             info.update(bytes=size - self._base, native=True, python_bytes=self.written)
         return info
@@ -336,12 +339,26 @@ def _fdatasync(fd):
         _point("file.fsync", path=rel, call="fdatasync")
 
 
+def _moved_open(src: str, dst: str) -> None:
+    """Files still open under ``src`` (or in the folder ``src``) now have names under ``dst``: a writer
+    that renames its temporary file before closing it. Their later points carry the name the file has,
+    and its ``file.done`` the one it was opened under (``opened``), as faultfs reports such a file."""
+    for fd, stream in list(_s.streams.items()):
+        to = follow.moved(stream.rel, src, dst)
+        if to is not None:
+            stream.rel = to
+            if _s.fds.get(fd) is not None:
+                _s.fds[fd] = to
+
+
 def _renamer(which: str):
     def rename(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
         rel_src, rel = (None, None) if _quiet() or src_dir_fd or dst_dir_fd else (_watched(src), _watched(dst))
         _orig[which](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
         if rel is None and rel_src is None:
             return
+        if rel is not None and rel_src is not None:
+            _moved_open(rel_src, rel)
         if rel is not None and os.path.basename(rel) == ".metadata":
             _point("ckpt.metadata", path=rel)
         _point("file.rename", path=rel or os.fsdecode(dst), src=rel_src or os.fsdecode(src), call=which)
