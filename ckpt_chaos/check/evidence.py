@@ -5,12 +5,14 @@ diagnosis and the report take.
 The sources, most precise first:
 
 * a load a patch of the probe layer recognised (``load.begin``: ``torch.load``, ``dcp.load``,
-  Accelerate's ``load_state``): the path it loaded;
+  Accelerate's ``load_state``): the path it loaded, the first load that raised no error (one that
+  raised was tried and left: a trainer that falls back to an older checkpoint on an error);
 * the files of the checkpoint folder the launch's processes opened to read before they first wrote
   there: through Python (the layer's ``file.read``: ``json.load``, ``pickle``, ``np.load``) and, as
   root, through fanotify (``files.jsonl``), which sees every reader, native ones (safetensors, mmap,
   C++) included. Where several checkpoints were read (a trainer that looks at each before choosing),
-  the one with the most bytes read from is the one it resumed from, the later one on a tie;
+  the one with the most bytes read from is the one it resumed from, the later one on a tie; one
+  whose files were all opened before any of it was, it tried and went on from;
 * the trajectory: the step a launch began at is the optimizer's own count (held to the trainer's
   own where they differ: ``Evidence.numbering``), so a launch that began at step s resumed the state
   of step s-1, which a checkpoint written right after step s-1 holds; a launch that began at step 1
@@ -61,6 +63,9 @@ class Resume:
     first_step: int | None = None
     files: list[str] = field(default_factory=list)  # the checkpoint files it read, where seen
     missing: str = ""
+    # checkpoints it read before ``checkpoint`` and went on from: a load that raised, or files of
+    # another checkpoint opened before it read any of its own (a fall back on an error)
+    tried: list[str] = field(default_factory=list)
 
     def label(self) -> str:
         """For a report column: the checkpoint, "scratch", or "?"."""
@@ -80,6 +85,25 @@ def step_in_name(checkpoint: str) -> int | None:
     """The step a checkpoint's name records (the last one it names), or None."""
     found = list(STEP_IN_NAME.finditer(checkpoint.rsplit("/", 1)[-1]))
     return int(found[-1].group(1) or found[-1].group(2)) if found else None
+
+
+def _tried(reads: list[Read], chosen: str, checkpoint_of) -> list[str]:
+    """The checkpoints a launch read before the one it resumed from (``chosen``, by the most bytes read)
+    and went on from: in every source that saw both, each of their files was opened before the first
+    of ``chosen``'s (each source stamps its own in order; fanotify later than the others)."""
+    first: dict[tuple[str, str], float] = {}  # (source, checkpoint) -> its first read
+    last: dict[tuple[str, str], float] = {}
+    for r in reads:
+        key = (r.source, checkpoint_of(r.path))
+        first[key] = min(r.t, first.get(key, r.t))
+        last[key] = max(r.t, last.get(key, r.t))
+    others = dict.fromkeys(c for _, c in first if c != chosen)
+    out = []
+    for c in others:
+        both = [src for src, x in first if x == c and (src, chosen) in first]
+        if both and all(last[src, c] < first[src, chosen] for src in both):
+            out.append(c)
+    return out
 
 
 def _basis(by_samples: int | None) -> str:
@@ -225,8 +249,22 @@ class Evidence:
         if by_samples is not None and by_samples != by_name:
             return Numbering(0)  # the samples side with the optimizer's count, or with neither
         if by_samples is None and by_time == count:
-            return Numbering(0)
+            # the time witnesses the state's step, which is the count's wherever the state was handed
+            # over live; a state that is the golden run's before step ``count`` trained on another
+            # step's data says the count followed the state, and the name the trainer's own step
+            if not self._state_ahead(recs[0], count):
+                return Numbering(0)
+            return Numbering(by_name - count, count, by_name, _basis(by_samples))
         return Numbering(by_name - count, count, by_name, _basis(by_samples))
+
+    def _state_ahead(self, rec: dict, count: int) -> bool:
+        """Whether the launch's first record (``rec``, numbered ``count`` by the optimizer) began from the
+        golden run's model and optimizer state before step ``count`` (their digests, both recorded) yet
+        made another loss than the golden run's step ``count``: the state is of that step, its data not."""
+        gold = self.gold_traj.get(count, {})
+        keys = [k for k in ("pre_model_digest", "pre_optimizer_digest") if k in gold and k in rec]
+        return (bool(keys) and all(gold[k] == rec[k] for k in keys)
+                and bool(rec.get("loss_hex")) and bool(gold.get("loss_hex")) and rec["loss_hex"] != gold["loss_hex"])
 
     def _sample_step(self, recs: list[dict]) -> int | None:
         """The golden run's step whose samples the launch's first steps (up to three) trained on, where
@@ -288,16 +326,40 @@ class Evidence:
             self._resumes[launch] = self._resumed_from(launch)
         return self._resumes[launch]
 
+    def _loads(self, launch: int) -> tuple[list, list]:
+        """The launch's loads a patch of the probe layer recognised (``load.begin``), but those that
+        raised (their ``load.end`` says ``failed``), and those that raised; rank 0's where it loaded."""
+        begun: dict[tuple[int, int], list] = {}
+        ok, failed = [], []
+        for h in self.run.probes():
+            if h.launch != launch or h.point not in ("load.begin", "load.end"):
+                continue
+            if h.point == "load.begin":
+                begun.setdefault((h.rank, h.pid), []).append(h)
+                ok.append(h)
+            elif h.info.get("failed") and begun.get((h.rank, h.pid)):
+                b = begun[(h.rank, h.pid)].pop()
+                ok.remove(b)
+                failed.append(b)
+            elif begun.get((h.rank, h.pid)):
+                begun[(h.rank, h.pid)].pop()
+        return [h for h in ok if h.rank == 0] or ok, [h for h in failed if h.rank == 0] or failed
+
     def _resumed_from(self, launch: int) -> Resume:
         first = self.first_step(launch)
-        loads = [h for h in self.run.probes("load.begin") if h.launch == launch]
-        loads = [h for h in loads if h.rank == 0] or loads
+        loads, failed = self._loads(launch)
         reads = self.reads(launch)
         files = sorted({r.path for r in reads})
-        if loads:
-            path = loads[0].info.get("path")
-            return Resume(launch, True, self.checkpoint_of(path) or path, f"its {loads[0].info.get('via', 'load')}",
-                          first, files)
+        if loads or failed:
+            # the load that ended without an error is the resume; one that raised was tried and left
+            # (a fall back on an error), unless no load succeeded: the launch ended in it
+            h = (loads or failed)[0]
+            path = h.info.get("path")
+            tried = [] if not loads else list(dict.fromkeys(
+                self.checkpoint_of(f.info.get("path")) or f.info.get("path") for f in failed if f.t <= h.t))
+            how = f"its {h.info.get('via', 'load')}" + (
+                f", after {', '.join(tried)} failed to load ({failed[0].info.get('via', 'load')})" if tried else "")
+            return Resume(launch, True, self.checkpoint_of(path) or path, how, first, files, tried=tried)
         if reads:
             size = self._sizes(launch - 1)
             weight: dict[str, tuple[int, float]] = {}
@@ -307,8 +369,11 @@ class Evidence:
                 weight[ckpt] = (n + (r.size if r.size is not None else size.get(r.path, 0)), r.t)
             ckpt = max(weight, key=lambda c: weight[c])
             sources = " and ".join(sorted({r.source for r in reads}))
+            tried = _tried(reads, ckpt, self.checkpoint_of)
             return Resume(launch, True, ckpt, f"{sources} saw it open {', '.join(files[:6])}"
-                          + (" ..." if len(files) > 6 else ""), first, files)
+                          + (" ..." if len(files) > 6 else "")
+                          + (f"; it opened {', '.join(tried)} first and went on from it" if tried else ""),
+                          first, files, tried=tried)
         watched, why = self.fanotify(launch)
         if watched:
             if first is None:

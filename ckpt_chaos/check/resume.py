@@ -140,7 +140,10 @@ def _command_resume(run: Run, ev: Evidence, report: Report, launch: int) -> None
                    f"checkpoint ({r.how})" if ok else f"it loaded {r.checkpoint} ({r.how}), but the newest complete "
                    f"checkpoint was {newest} (complete: {', '.join(sorted(complete))})")
     read = set(r.files) | ({r.checkpoint} if r.checkpoint else set())
-    hit = sorted(p for p in torn if any(within(p, q) for q in read))
+    # a checkpoint it tried and went on from (a load that raised: a fall back on an error) is not
+    # what it resumed with, torn or not
+    tried = sorted(p for p in torn if any(within(p, q) for q in r.tried))
+    hit = sorted(p for p in torn if any(within(p, q) for q in read) and p not in tried)
     # a stray temporary file is no file of its checkpoint: it counts where the launch was seen to read it
     strays = ev.strays(launch - 1)
     hit += sorted(p for p in strays if p in r.files)
@@ -154,7 +157,8 @@ def _command_resume(run: Run, ev: Evidence, report: Report, launch: int) -> None
                    "incomplete")
     elif r.decided:
         report.add("no_torn_read", True, at=launch, detail=f"it resumed from {r.checkpoint or 'nothing'}, not from "
-                   f"what launch {launch - 1} left torn ({', '.join(sorted(torn)[:4])})")
+                   f"what launch {launch - 1} left torn ({', '.join(sorted(torn)[:4])})"
+                   + (f"; it tried {', '.join(tried)} first and went on from it" if tried else ""))
     else:
         report.add("no_torn_read", "unknown", at=launch, detail=f"launch {launch - 1} left "
                    f"{', '.join(sorted(torn)[:4])} torn or incomplete, and which files launch {launch} read is not "

@@ -263,6 +263,15 @@ def _command_diagnosis(run: Run, ev: Evidence, gold: dict, got: dict, step: int,
     unstable = json.loads((run.golden / GOLDEN).read_text()).get("unstable", [])
     keys = [k for k in STATE if k in g and k in r and k not in unstable]
     if not keys:
+        # the golden run recorded no state before this step; where the optimizer's count ran ahead,
+        # the state may be the golden run's of that later step (the model and optimizer, which every step
+        # changes; an RNG the trainer never draws from is the same before any step)
+        later = gold.get(num.recorded, {}) if num.offset < 0 else {}
+        ahead = [STATE[k] for k in ("pre_model_digest", "pre_optimizer_digest")
+                 if k in later and k in r and k not in unstable and later[k] == r[k]]
+        if ahead:
+            return (head + where + f"; the {', '.join(ahead)} state it resumed with is the golden run's before step "
+                    f"{num.recorded}, not before step {first}")
         return head + where + "; the state it started from was not recorded, so the cause cannot be narrowed down"
     diff = [STATE[k] for k in keys if g[k] != r[k]]
     same = [STATE[k] for k in keys if g[k] == r[k]]

@@ -18,7 +18,7 @@ for the reference trainer):
   ``microstep.end`` after each backward;
 * ``ckpt.stage`` when a save starts (``torch.distributed.checkpoint.save``, ``torch.save`` into a
   watched directory), ``load.begin`` / ``load.end`` around ``dcp.load`` and ``torch.load`` of a
-  watched path;
+  watched path (a load that raised ends with ``failed``: a trainer that falls back on an error);
 * DCP's shard files (``*.distcp``) as ``ckpt.shard.write`` (with ``bytes`` and, where the size is
   known, ``fraction``) and ``ckpt.shard.done``; its ``.metadata`` rename as ``ckpt.metadata``;
 * any other file written in a watched directory through Python (``open``; ``torch.save``, which

@@ -19,6 +19,23 @@ def _save_name(target) -> str:
     return os.path.basename(os.path.normpath(os.fsdecode(target))) if target is not None else "?"
 
 
+class _failed_load:
+    """A load that raised ends with ``load.end`` saying so (``failed``), as ``file.done`` does for a
+    write that failed: a trainer that tries the newest checkpoint and falls back on an error resumed
+    from the load that ended without one."""
+
+    def __init__(self, info: dict):
+        self.info = info
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if e is not None and isinstance(e, Exception):
+            _point("load.end", **self.info, failed=f"{kind.__name__}: {e}"[:300])
+        return False
+
+
 def _patch_torch(torch) -> None:
     import torch.optim.optimizer as optimizer
 
@@ -56,10 +73,11 @@ def _patch_torch(torch) -> None:
         rel = None if _quiet() or not isinstance(where, (str, os.PathLike)) else _watched(where)
         if rel is None:
             return load(f, *args, **kwargs)
-        _point("load.begin", name=_save_name(where), path=rel, via="torch.load")
-        with _Quiet():
+        info = {"name": _save_name(where), "path": rel, "via": "torch.load"}
+        _point("load.begin", **info)
+        with _Quiet(), _failed_load(info):
             out = load(f, *args, **kwargs)
-        _point("load.end", name=_save_name(where), path=rel, via="torch.load")
+        _point("load.end", **info)
         return out
 
     torch.save, torch.load = _save, _load
@@ -119,7 +137,8 @@ def _patch_dcp(dcp) -> None:
         target = _id(args, kwargs)
         info = {"name": _save_name(target), "path": _watched(target) if target else None, "via": "dcp.load"}
         _point("load.begin", **info)
-        out = load(*args, **kwargs)
+        with _failed_load(info):
+            out = load(*args, **kwargs)
         _point("load.end", **info)
         return out
 
@@ -159,7 +178,7 @@ def _framework_load(cls, method: str, target_arg: str, via: str) -> None:
         target = kwargs.get(target_arg, args[0] if args else None)
         info = {"name": _save_name(target), "path": _watched(target) if target else None, "via": via}
         _point("load.begin", **info)
-        with _Quiet():  # its own torch.load calls are part of this load
+        with _Quiet(), _failed_load(info):  # its own torch.load calls are part of this load
             out = original(self, *args, **kwargs)
         _point("load.end", **info)
         return out
