@@ -51,6 +51,32 @@ def test_a_temporary_file_is_planned_under_its_final_name_and_keyed_by_its_maske
                      "size": 2_000_001}]
 
 
+def fsspec_save(step: int, tmp: str) -> list[dict]:
+    """What the probe layer reports of Fabric's save through fsspec with TMPDIR = tmp: ``mkstemp``
+    makes the file (an empty os.open'd file, closed), fsspec opens it by name, writes it and renames it
+    into the checkpoint folder."""
+    return [ev("file.done", path=f"tmp/{tmp}", bytes=0, via="os.write"),
+            ev("file.write", path=f"tmp/{tmp}", bytes=19187, fraction=1.0, via="open"),
+            ev("file.done", path=f"tmp/{tmp}", bytes=19187, via="open"),
+            ev("file.rename", path=f"checkpoints/step_{step}.ckpt", src=f"tmp/{tmp}", call="rename")]
+
+
+def test_a_mkstemp_file_written_again_by_name_and_renamed_keeps_no_random_word_and_is_found_again():
+    """The empty file mkstemp left is written over by the file fsspec writes under its name: it is no
+    file kept, so its random name is no word of the vocabulary, and the run's file of the same ordinal,
+    under other random names, carries the final name."""
+    events = [ev("file.done", path="tmp/264zj2k8", bytes=4, via="os.write"),
+              ev("file.remove", path="tmp/264zj2k8", call="unlink"),
+              *fsspec_save(4, "tmpaake04wa"), *fsspec_save(8, "tmpzudyyrd7")]
+    p = follow.plan(events)
+    assert p["vocab"] == ["checkpoints", "ckpt", "step_4", "step_8"], p["vocab"]
+    run = follow.Follower(json.loads(json.dumps(p)))
+    opened = [run.open("file", 0, f"tmp/{name}") for name in
+              ("u34oe1e6", "tmp0zo4vvhs", "tmp0zo4vvhs", "tmpv9t26fae", "tmpv9t26fae")]
+    assert opened[4] == (19187, ["tmp/tmpzudyyrd7", "checkpoints/step_8.ckpt"]), opened
+    assert follow.matches({"path": "tmp/tmpv9t26fae", "aliases": opened[4][1]}, "checkpoints/step_8.ckpt")
+
+
 def test_a_run_finds_each_temporary_file_again_under_new_random_names_with_its_own_size():
     golden = follow.plan(safetensors_save(8, ".tmpQ9xZ0k", 2_000_001, ".tmp7h3JkL", 5_000_001))
     run = follow.Follower(json.loads(json.dumps(golden)))  # as planned.json carries it

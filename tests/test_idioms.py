@@ -130,6 +130,23 @@ def test_every_cell_is_a_scenario_the_harness_loads(tmp_path):
     assert len(names) == len(matrix.cells())
 
 
+def test_every_cells_complete_rule_counts_the_entries_its_idioms_saves_make_and_no_temporary_one():
+    """``command.complete`` names what a save of the idiom leaves (Fabric's ``step_N.ckpt``, not the
+    default writer's ``.pt``): every checkpoint of the model's folder after a whole save, and none of
+    the temporary names the save goes through."""
+    import fnmatch
+
+    for i in idioms.IDIOMS:
+        rule = matrix.complete(i)
+        if isinstance(rule, dict):
+            continue
+        fs, _, _ = expect.after_crash(i, expect.Fault("term_rank1"))
+        entries = [k for k in fs.entries if k and "/" not in k and k != "latest"]
+        assert entries and all(fnmatch.fnmatch(k, rule) == k.startswith("step_") for k in entries), (i.name, rule,
+                                                                                                     entries)
+        assert all(fnmatch.fnmatch(expect.entry(i, s), rule) for s in expect.SAVES), (i.name, rule)
+
+
 # ---- the trainer, against itself ---------------------------------------------------------------------
 
 ROUND_TRIP = textwrap.dedent("""

@@ -18,8 +18,10 @@ it was given. Its *key*, the same in any run of the trainer: the name it was wri
 word (a run of letters, digits and ``_``) that is not in the *vocabulary* masked as ``*``, and its
 ordinal among the files of its rank and layer with that masked name, in the order they were
 written. The vocabulary is the words of the names files kept (their last names, not those of
-files removed before any rename), so a random temporary name (``.tmpYwRTPf``, ``tmpk3j_x8a1``, a pid)
-masks to the same ``.*`` or ``*`` in every run while a stable name keeps its words.
+files removed, or written over by the next file of that name, before any rename: ``mkstemp``'s empty
+file that fsspec then opens by name and renames), so a random temporary name (``.tmpYwRTPf``,
+``tmpk3j_x8a1``, a pid) masks to the same ``.*`` or ``*`` in every run while a stable name keeps its
+words.
 
 The run's side, ``Follower.open(source, rank, path, launch)``, when a file starts being written: the
 next ordinal of its key gives the golden run's file, whose size plans the write's tenths and whose
@@ -91,7 +93,7 @@ class _Alive:
 def files(events) -> list[dict]:
     """The files a run wrote, in the order they were closed: ``source`` (``file``: the probe layer;
     ``faultfs``), ``rank``, ``names`` (written under, then each name a rename gave it), ``size``,
-    ``removed`` (it was removed under its last name); ``python_bytes`` where a native writer wrote
+    ``removed`` (it was removed, or replaced by a later file of the same layer, under its last name); ``python_bytes`` where a native writer wrote
     the rest of ``size`` (the layer's ``native``), which no ``file.write`` reports."""
     out: list[dict] = []
     alive = _Alive()
@@ -109,6 +111,9 @@ def files(events) -> list[dict]:
             if info.get("native"):  # bytes a native writer put there: Python wrote only python_bytes of them
                 f["python_bytes"] = int(info.get("python_bytes") or 0)
             if path in alive.at:  # overwritten: the same layer's earlier file of that name
+                for g in alive.at[path]:
+                    # gone as a removed file is (``tempfile.mkstemp``'s empty file, then written by name)
+                    g["removed"] = g["removed"] or g["source"] == f["source"]
                 alive.at[path] = [g for g in alive.at[path] if g["source"] != f["source"]]
             out.append(f)
             alive.add(path, f)

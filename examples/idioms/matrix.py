@@ -98,9 +98,10 @@ def toml_value(v) -> str:
 
 
 def complete(i: Idiom) -> str | dict:
+    """``command.complete``: the pointer, or a glob of the entries its saves make (a framework's own name)."""
     if i.pointer != "none":
         return {"pointer": "latest"}
-    return f"step_*.{expect.EXT[i.writer]}" if i.layout == "file" else "step_*"
+    return expect.entry(i, 0).replace("step_0", "step_*", 1)
 
 
 def trigger(c: Cell) -> tuple[list[dict], dict]:
