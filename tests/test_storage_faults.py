@@ -230,6 +230,42 @@ def test_a_mapped_file_unlinked_leaves_its_folder_removable_and_its_mapping_read
         assert os.listdir(st.view) == []
 
 
+_MAPPED_WRITER = r"""
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)  # as an mmap checkpoint writer does
+os.ftruncate(fd, 3 << 20)
+with mmap.mmap(fd, 3 << 20) as m:  # a shared, writable mapping
+    m[:] = bytes(range(256)) * (3 << 12)
+    m.flush()
+os.close(fd)
+with open(sys.argv[1], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:  # a shared reader
+    assert m[:256] == bytes(range(256))
+"""
+
+
+@needs_faultfs
+def test_a_shared_mapping_writes_and_reads_on_faultfs_and_its_pages_are_the_writers_writes(tmp_path):
+    """A job's shared mmap works on faultfs (direct_io made the kernel refuse it: ENODEV), its pages reach
+    faultfs when the kernel writes them back, counted as the job process's writes at each MiB, and a
+    file's times are the backing file's (the nanoseconds mfusepy expects, not seconds read as 1.8 s)."""
+    from ckpt_chaos.env.storage import FAULTFS_POINTS
+    from ckpt_chaos.run.controller import ProbeServer
+
+    events = []
+    with ProbeServer(events.append) as server, Storage(tmp_path, StorageSpec(faultfs=True)) as st:
+        st.client.call("report", controller=server.address, points=list(FAULTFS_POINTS), prefix="checkpoints")
+        out = subprocess.run([sys.executable, "-c", _MAPPED_WRITER, str(st.ckpt / "m.bin")], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "CKPT_CHAOS_CONTROLLER": server.address,
+                                                         "RANK": "1"})
+        assert out.returncode == 0, out.stderr
+        assert (st.ckpt / "m.bin").read_bytes() == bytes(range(256)) * (3 << 12)
+        assert abs((st.ckpt / "m.bin").stat().st_mtime - time.time()) < 60
+        assert (st.ckpt / "m.bin").stat().st_mtime_ns == (st.view / "m.bin").stat().st_mtime_ns
+    writes = sorted(e["info"]["bytes"] for e in events if e["point"] == "faultfs.write")
+    assert writes == [1 << 20, 2 << 20, 3 << 20], events
+    assert {e["rank"] for e in events if e["point"] == "faultfs.write"} == {1}
+
+
 @needs_faultfs
 def test_an_open_file_unlinked_still_reads_writes_and_obeys_the_rules_by_its_name(tmp_path):
     with Storage(tmp_path, StorageSpec(fs="host", faultfs=True)) as st:

@@ -127,6 +127,9 @@ class FaultFS(Operations):
         # handle -> its path inside the mount, renames followed: a file unlinked while open (hard_remove)
         # has no path left, and its calls come with None; rules and points name it by this
         self.names: dict[int, str] = {}
+        # handle -> the thread that opened it: the writer of a shared mapping's pages, which the kernel
+        # writes back from a context of its own
+        self.openers: dict[int, int] = {}
         self.harness = os.getppid()  # the harness started this daemon
 
     # ---- rules --------------------------------------------------------------------------------
@@ -256,8 +259,9 @@ class FaultFS(Operations):
 
     def getattr(self, path, fh=None):
         st = os.fstat(fh) if path is None and fh is not None else os.lstat(self._full(path))
-        return {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_ino",
-                                            "st_atime", "st_mtime", "st_ctime", "st_blocks")}
+        out = {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid", "st_ino", "st_blocks")}
+        # use_ns: mfusepy takes every time as integer nanoseconds (seconds would read as 1.8 s past 1970)
+        return out | {k: getattr(st, k + "_ns") for k in ("st_atime", "st_mtime", "st_ctime")}
 
     def readdir(self, path, fh):
         return [".", ".."] + os.listdir(self._full(path))
@@ -285,6 +289,7 @@ class FaultFS(Operations):
             before = os.lstat(full).st_size if emptied else 0
             fd = os.open(full, flags)
             self.names[fd] = path
+            self.openers[fd] = fuse_get_context()[2]
         if emptied:
             self._emptied(fd, path, before=before, length=0)
         return fd
@@ -305,6 +310,7 @@ class FaultFS(Operations):
                 self.dirty[ino] = None
                 self._log(NsOp("create", self._ino(os.path.dirname(full)), os.path.basename(full), ino))
             self.names[fd] = path
+            self.openers[fd] = fuse_get_context()[2]
         if self.reporter is not None:
             self._emptied(fd, path, before=before, length=0, **({} if existed else {"created": True}))
         return fd
@@ -320,6 +326,8 @@ class FaultFS(Operations):
         done = 0
         if r is not None:
             tid = fuse_get_context()[2]
+            if not r.of_job(tid):  # a mapping's pages written back: its writer is the one that opened it
+                tid = self.openers.get(fh, tid)
             state = self.writing.get(fh)
             if state is None:
                 with self._mutex:  # two threads' first writes to one handle: one file, counted once
@@ -372,6 +380,7 @@ class FaultFS(Operations):
             if fd is not None:
                 with self._mutex:
                     self.names.pop(fd, None)
+                    self.openers.pop(fd, None)
                 os.close(fd)
             raise
 
@@ -396,6 +405,7 @@ class FaultFS(Operations):
         self.writing.pop(fh, None)
         with self._mutex:
             self.names.pop(fh, None)
+            self.openers.pop(fh, None)
         os.close(fh)
         return 0
 
@@ -563,6 +573,29 @@ class _FUSE(FUSE):
     """mfusepy's FUSE, but an ftruncate reaches ``FaultFS.truncate`` with its handle under libfuse 3 as
     under libfuse 2 (mfusepy 3.1 drops the handle there): a file unlinked while open has no path."""
 
+    def open(self, path, fip):
+        ret = super().open(path, fip)
+        self._direct_io(fip)
+        return ret
+
+    def create(self, path, mode, fip):
+        ret = super().create(path, mode, fip)
+        self._direct_io(fip)
+        return ret
+
+    @staticmethod
+    def _direct_io(fip) -> None:
+        """A file opened only to write or only to read bypasses the page cache: each write(2) reaches
+        FaultFS as it is made, whole, with no page left for the kernel to write back later, and each
+        read(2) as the reader makes it, so an error a rule injects into it is the reader's (through the
+        cache, a readahead would take it and the kernel drop it). One opened to read and write goes
+        through the page cache, which a shared writable mmap needs (the kernel refuses it on a direct_io
+        file with ENODEV): its write(2)s still reach FaultFS as they are made (no writeback_cache: the
+        kernel writes through), a mapping's stores as its pages are written back (msync, munmap), and the
+        cache is dropped at every open (no keep_cache), so a reader sees what a crash left."""
+        fi = fip.contents
+        fi.direct_io = int(fi.flags & os.O_ACCMODE != os.O_RDWR)
+
     def truncate_fuse_3(self, path, length, fip):
         fh = fip.contents.fh if fip else None
         return self.operations.truncate(None if path is None else path.decode(self.encoding, self.errors),
@@ -618,13 +651,13 @@ def main(argv: list[str]) -> None:
     backing, mountpoint, control, fsname = argv
     fs = FaultFS(backing)
     threading.Thread(target=_serve, args=(fs, control), daemon=True).start()
-    # direct_io and zero cache timeouts: every call reaches this layer, and what a crash changes
-    # underneath is what the next reader sees. hard_remove: an unlink is an unlink, as on a local file
+    # direct_io for files opened write-only (``_FUSE._direct_io``) and zero cache timeouts: every call
+    # reaches this layer, and what a crash changes underneath is what the next reader sees. hard_remove: an unlink is an unlink, as on a local file
     # system, even of a file still open or memory-mapped (without it libfuse renames such a file to
     # .fuse_hidden* until its last close, and the folder it was in cannot be removed meanwhile); the
     # calls on it then come with no path, which FaultFS answers through the handle. Not nullpath_ok:
     # libfuse passes None only where the file has no path left, and the rules and points want paths.
-    _FUSE(fs, mountpoint, foreground=True, nothreads=False, fsname=fsname, direct_io=True,
+    _FUSE(fs, mountpoint, foreground=True, nothreads=False, fsname=fsname,
           attr_timeout=0, entry_timeout=0, negative_timeout=0, hard_remove=True)
 
 

@@ -121,6 +121,10 @@ class Reporter:
         if answer and answer.get("do") == "raise":
             raise FuseOSError(errno.EIO)
 
+    def of_job(self, tid: int) -> bool:
+        """Whether the calling thread is a process of the job's."""
+        return self._job(tid) is not None
+
     def _job(self, tid: int) -> tuple[int, dict[str, str]] | None:
         """The calling process and its environment, when it is one of the job's (the controller's
         address in its environment)."""
