@@ -83,6 +83,12 @@ def main() -> None:
         pending.finish()
     if rank == 0:
         print(f"done at step {step}", flush=True)
+    # DDP's reducer holds the process group: freed with the model as main returns, holding the GIL, it
+    # would be the group's last holder, and gloo's destructor joins its worker threads, one of which may
+    # need the GIL to free the tensors of a collective just finished (DCP's broadcast of its plan): a
+    # deadlock (pytorch/pytorch#56297). Freed first, it leaves the group to destroy_process_group, whose
+    # binding releases the GIL to destroy it.
+    del model
     dist.destroy_process_group()
 
 
