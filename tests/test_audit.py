@@ -17,6 +17,10 @@ from ckpt_chaos.probe.run_files import FILES, GOLDEN, LISTING, PROBE_LOG, TRAJEC
 from ckpt_chaos.scenario import from_dict
 from tests.helpers import REPO
 
+# what the probe layer arms in a torch trainer (its probe.armed event)
+POINTS = ["ckpt.metadata", "ckpt.shard.done", "ckpt.shard.write", "ckpt.stage", "file.copy", "file.done", "file.fsync",
+          "file.read", "file.remove", "file.rename", "file.rmtree", "file.write", "load.begin", "load.end",
+          "microstep.end", "step.begin", "step.end"]
 ARGV = ["examples/plain_ddp/train.py", "--ckpt-dir", "{ckpt_dir}", "--steps", "12", "--save-every", "4"]
 
 
@@ -49,7 +53,7 @@ class Records:
 
     def write(self, folder: Path, listing: dict[str, int], world: int = 2) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
-        armed = {"armed": ["files", "torch.optim", "torch.save", "torch.load"], "points": []}
+        armed = {"armed": ["files", "torch.optim", "torch.save", "torch.load"], "points": POINTS}
         head = [{"rank": r, "point": "probe.armed", "t": 999.0, "info": armed} for r in range(world)]
         (folder / PROBE_LOG).write_text("".join(json.dumps(e) + "\n" for e in head + self.events))
         (folder / FILES).write_text("".join(json.dumps(e) + "\n" for e in self.files))
@@ -329,3 +333,17 @@ def test_small_audit_of_plain_ddp(tmp_path, command_golden_root):
     cells = json.loads(p.stdout)["cells"]
     assert {(c["fault"], c["verdict"]) for c in cells} == {("SIGKILL all", "pass"), ("kill", "pass")}
     assert (tmp_path / "matrix.json").is_file() and (tmp_path / "profile.json").is_file()
+
+
+def test_triggers_are_held_to_the_golden_run_they_came_from(tmp_path):
+    golden = plain_ddp(tmp_path)
+    gen = generate(discover(golden))
+    checked = check(gen, tmp_path / "s", golden)
+    refused = [g.left_out for g in checked if g.left_out and "refuses" in g.left_out]
+    assert refused == []
+    # a trigger on a file the golden run never wrote is refused, and said to be the generation's bug
+    for g in gen:
+        g.text = g.text.replace("checkpoints/step_00000008.pt", "checkpoints/step_00000009.pt")
+        g.left_out = None if g.family == "mid-write" else g.left_out
+    mid = next(g for g in check(gen, tmp_path / "s", golden) if g.family == "mid-write")
+    assert "the harness refuses its trigger" in mid.left_out and "step_00000009.pt" in mid.left_out

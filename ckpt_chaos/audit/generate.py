@@ -275,11 +275,15 @@ def generate(p: Profile, families: tuple[str, ...] = FAMILIES) -> list[Generated
     return out
 
 
-def check(gen: list[Generated], folder: Path) -> list[Generated]:
+def check(gen: list[Generated], folder: Path, golden: Path | None = None) -> list[Generated]:
     """Load each scenario as ``ckpt-chaos run`` will (a malformed one is a bug here: it raises), and
-    mark those whose faults this machine cannot inject as left out, with the harness's reason."""
+    mark those whose faults this machine cannot inject as left out, with the harness's reason. With
+    the golden run it was generated from, hold each trigger to it as the run will
+    (``command.check_triggers``; those on faultfs's points need a golden run under faultfs, which
+    the run makes): a refused one is left out, saying so, rather than run to an error."""
     from ckpt_chaos.faults import requirements
-    from ckpt_chaos.scenario import from_dict
+    from ckpt_chaos.run.command import check_triggers, uses_faultfs
+    from ckpt_chaos.scenario import ScenarioError, from_dict
 
     for g in gen:
         if g.left_out:
@@ -288,6 +292,11 @@ def check(gen: list[Generated], folder: Path) -> list[Generated]:
         why = requirements(s)
         if why:
             g.left_out = f"cannot inject {why}"
+        elif golden is not None and not uses_faultfs(s):
+            try:
+                check_triggers(s, golden)
+            except ScenarioError as e:
+                g.left_out = f"the harness refuses its trigger (a bug of the audit's generation): {e}"
     return gen
 
 

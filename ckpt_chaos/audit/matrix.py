@@ -49,8 +49,9 @@ def table(cs: list[dict], width: int = 160):
     colour = {"pass": "green", "fail": "red", "xpass": "red", "unknown": "magenta", "error": "red",
               "skipped": "yellow", "left out": "yellow", "xfail": "cyan"}
     t = Table(title="ckpt-chaos audit: fault x point", show_lines=False)
-    for col in ("fault", "point", "verdict", "cause"):
-        t.add_column(col, overflow="fold")
+    for col in ("fault", "point", "verdict"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("cause", overflow="fold")
     for c in cs:
         v = c["verdict"]
         cause = f"{c['check']}: {c['detail']}" if c["check"] else c["detail"]

@@ -164,7 +164,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     folder = Path(args.write_scenarios) if args.write_scenarios else out / "scenarios"
-    gen = gen_mod.check(gen_mod.generate(profile, families), folder)
+    gen = gen_mod.check(gen_mod.generate(profile, families), folder, g)
     paths = gen_mod.write(gen, folder)
     say(f"{len(paths)} scenario(s) in {folder}")
     for x in gen:
