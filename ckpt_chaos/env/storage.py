@@ -290,6 +290,11 @@ class Storage:
                 self._daemon.kill()
                 self._daemon.wait()
             self._daemon = None
+            # a daemon stopped as it started may have mounted after the unmount above looked
+            try:
+                _unmount(self.ckpt)
+            except StorageError as e:
+                problems.append(str(e))
         if copy is not None and copy.is_dir():
             shutil.copytree(copy, self.ckpt, symlinks=True, dirs_exist_ok=True)
         if self.root.exists() and not any(str(m).startswith(str(self.root)) for m in _our_mounts()):
@@ -388,7 +393,12 @@ def remove_leftovers() -> list[str]:
             _unmount(Path(mountpoint))
             removed.append(f"mount {mountpoint}")
         except StorageError:
-            pass
+            continue
+        # the stack's own folder beside the checkpoints (Storage.root), which its close never reached
+        root = Path(mountpoint).parent / ".storage" if Path(mountpoint).name == "checkpoints" else \
+            next((q for q in Path(mountpoint).parents if q.name == ".storage"), None)
+        if root is not None and not any(m.startswith(f"{root}/") for m in _our_mounts()):
+            shutil.rmtree(root, ignore_errors=True)
     for pid, owner in _faultfs_daemons().items():
         if not _owner_alive(owner):
             try:

@@ -259,11 +259,12 @@ class ParallelRun:
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             # Also a worker started as the interrupt came, before it was known here: it carries the token.
-            forced = kill_tree([w.popen.pid for w in workers if w.popen.poll() is None], self.token)
+            kill_tree([w.popen.pid for w in workers if w.popen.poll() is None], self.token)
             for w in workers:
                 w.popen.wait()
-            if forced:  # they had no time to unmount or remove their nodes: their owner is dead now
-                remove_leftovers()
+            # forced: they had no time to unmount or remove their nodes; one that stopped in time may
+            # have been cut short in its own clean-up too. Their owners are dead now either way.
+            remove_leftovers()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
