@@ -162,6 +162,14 @@ class Trainer:
                         + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         self.ts = build_state(cfg, rank, world_size, device)
         async_group = dist.new_group(backend="gloo") if cfg.async_save else None
+        # rank 0 waits up to UPLOADER_READY_S for its uploader after the resume; its peers wait with it
+        # in a barrier of this group, whose timeout outlasts that wait, not in the first step's collective
+        self.uploader_wait = None
+        if cfg.remote_url and world_size > 1:
+            from .remote import UPLOADER_READY_S
+
+            self.uploader_wait = dist.new_group(
+                backend="gloo", timeout=timedelta(seconds=UPLOADER_READY_S + cfg.collective_timeout_s))
         self.ckpt = CheckpointManager(cfg, rank, world_size, self.log, async_group)
         self.local_ids: list[torch.Tensor] = []
         self.upload_drain_s = cfg.upload_drain_s  # how long the last upload may take after training
@@ -275,6 +283,8 @@ class Trainer:
         cfg = self.cfg
         probe.point("train.start", world_size=self.world_size, attempt=self.attempt)
         self.resume()
+        if self.uploader_wait is not None:
+            dist.barrier(group=self.uploader_wait)
         ts = self.ts  # built afresh by resume if a load failed and nothing else could be loaded
         p = ts.progress
         data = iter(ts.loader)
