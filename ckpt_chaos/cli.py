@@ -18,8 +18,8 @@ import sys
 from ckpt_chaos import __version__, config
 from ckpt_chaos.subcommands.audit import audit_options, cmd_audit
 from ckpt_chaos.subcommands.cadence import cmd_cadence
-from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
-                                           UsageError)
+from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNKNOWN,
+                                           EXIT_USAGE, UsageError)
 from ckpt_chaos.subcommands.explore import cmd_explore
 from ckpt_chaos.subcommands.run import cmd_run
 from ckpt_chaos.subcommands.selection import cmd_list
@@ -41,6 +41,9 @@ exit status:
   {EXIT_CANNOT_RUN}    cannot run here: a needed extra is not installed (or Slurm, for run
        --executor slurm), or (run --strict) a scenario was skipped for want of
        root, FUSE, Docker...
+  {EXIT_UNKNOWN}    run: no scenario failed, but one could not tell (a planned fault never
+       fired, the evidence a check needs is missing): the run did not exercise
+       what the scenario states; a scenario may allow it (expect.may_be_unknown)
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C, SIGTERM); every process of the running scenarios was
        killed
 

@@ -161,8 +161,11 @@ class ScenarioItem(pytest.Item):
             pytest.xfail(row["reason"])
         if verdict == "pass":
             return
+        if not results.failed(row):  # unknown, as the scenario allows
+            pytest.skip(f"unknown, as the scenario allows ({row['may_be_unknown']}): {row['reason']}")
         head = (f"[XPASS(strict)] scenario {self.scenario.name}: {row['reason']}" if verdict == "xpass" else
-                f"scenario {self.scenario.name} failed (run in {row['run_dir']}):")
+                f"scenario {self.scenario.name} could not tell (run in {row['run_dir']}):" if verdict == "unknown"
+                else f"scenario {self.scenario.name} failed (run in {row['run_dir']}):")
         raise ScenarioFailed(f"{head}\n{results.check_lines(row)}")
 
     def repr_failure(self, excinfo, style=None):

@@ -278,6 +278,7 @@ relaunch = "none"
 """
 
 
+@pytest.mark.nightly  # make test: the quiet ordered-fault tests
 @pytest.mark.slow
 def test_after_holds_the_later_trigger_until_the_earlier_fault_fired_on_a_loaded_machine(tmp_path, golden_root):
     """Both ranks write their shards of the first save at once; rank 0 mostly reaches a tenth of its
@@ -386,7 +387,7 @@ def test_a_hold_that_cannot_end_in_its_fault_is_let_go_and_recorded(tmp_path, en
     assert time.monotonic() - started < 5
     (held,) = [h for h in read_history(tmp_path) if isinstance(h, Held)]
     assert (held.index, held.after, held.launch, held.at["point"]) == (1, 0, 0, "upload.durable")
-    assert held.why.startswith(why) and held.held_s >= 0.2
+    assert held.why.startswith(why) and 0 < held.held_s < 5  # how long it waited, the timer's 0.2 s or so
     assert g.given_up == {1: held.why} and 1 not in g.fired
 
 

@@ -73,7 +73,15 @@ def suite_dir(reports_root: Path, suite: str) -> Path:
 
 
 def failed(row: dict) -> bool:
-    return row["verdict"] not in (*PASSING, "skipped")
+    """The row fails the suite: fail, xpass, or unknown that its scenario did not declare
+    (``expect.may_be_unknown``)."""
+    return row["verdict"] not in (*PASSING, "skipped") and not (row["verdict"] == "unknown"
+                                                                 and row.get("may_be_unknown"))
+
+
+def undecided(row: dict) -> bool:
+    """Unknown: the run did not show whether the trainer survives what the scenario states."""
+    return row["verdict"] == "unknown"
 
 
 # ---- one scenario's row -------------------------------------------------------------------------
@@ -151,6 +159,8 @@ def scenario_row(result, scenario, write: bool = True) -> dict:
     """The scenario's row for the suite's table: the runner's result with its known failure applied and
     what made it (tool version, trainer revision); also written to the run's ``result.json``."""
     row = apply_known_failure(result.to_dict(), scenario.expect.known_failure, scenario.source)
+    if row["verdict"] == "unknown" and scenario.expect.may_be_unknown:
+        row["may_be_unknown"] = scenario.expect.may_be_unknown
     row["trainer"] = describe_trainer(scenario)
     row["trainer_module"] = scenario.trainer_module if scenario.command is None else None
     source = row["trainer"].get("source")
@@ -266,9 +276,12 @@ def write_junit(path: Path, suite: str, results: list[dict], wall_s: float) -> P
     """JUnit XML, one testcase per scenario: a failure or a skip with its reason, the checks as text."""
     path = Path(path)
     name = f"ckpt-chaos.{suite}"
-    ts = ET.Element("testsuite", name=name, tests=str(len(results)), errors="0",
-                    failures=str(sum(1 for r in results if failed(r))),
-                    skipped=str(sum(1 for r in results if r["verdict"] in ("skipped", "xfail"))),
+    # unknown is a JUnit error, apart from the failures: the run could not tell, the trainer did not fail
+    ts = ET.Element("testsuite", name=name, tests=str(len(results)),
+                    errors=str(sum(1 for r in results if undecided(r) and failed(r))),
+                    failures=str(sum(1 for r in results if failed(r) and not undecided(r))),
+                    skipped=str(sum(1 for r in results if r["verdict"] in ("skipped", "xfail")
+                                    or undecided(r) and not failed(r))),
                     time=f"{wall_s:.3f}", timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()))
     for r in results:
         tc = ET.SubElement(ts, "testcase", classname=name, name=r["scenario"], time=f"{r.get('wall_s') or 0:.3f}")
@@ -280,6 +293,12 @@ def write_junit(path: Path, suite: str, results: list[dict], wall_s: float) -> P
             ET.SubElement(tc, "skipped", type="pytest.xfail", message=r.get("reason", ""))
         elif verdict == "xpass":
             ET.SubElement(tc, "failure", message=f"[XPASS(strict)] {r.get('reason', '')}").text = checks
+        elif verdict == "unknown" and r.get("may_be_unknown"):
+            ET.SubElement(tc, "skipped", type="ckpt-chaos.unknown",
+                          message=f"unknown, as the scenario allows ({r['may_be_unknown']}): {r.get('reason', '')}")
+        elif verdict == "unknown":
+            ET.SubElement(tc, "error", type="ckpt-chaos.unknown",
+                          message=f"could not tell: {r.get('reason', '')}").text = checks
         elif verdict != "pass":
             ET.SubElement(tc, "failure", message=r.get("reason") or f"verdict {verdict}").text = checks
         out = [f"verdict: {verdict}"] + ([f"run: {r['run_dir']}"] if r.get("run_dir") else []) + [checks]
@@ -449,6 +468,7 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; max-width
 table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 4px 8px; vertical-align: top; }
 th { background: #f3f3f3; cursor: pointer; user-select: none; } th:after { content: " \\2195"; color: #aaa; }
 .pass { background: #e5f5e0; } .fail, .xpass { background: #fde0dd; } .skipped, li.warn { background: #fff7bc; }
+.unknown { background: #e7e1ef; }
 .xfail { background: #e0ecf4; }
 td.num { text-align: right; } td.why { color: #888; cursor: help; } #banner { padding: 1em; font-size: 1.3em; margin-bottom: 1em; border-radius: 6px; }
 .family { display: inline-block; margin: 0 1em 0.5em 0; padding: 2px 8px; border-radius: 4px; }

@@ -34,7 +34,7 @@ from filelock import FileLock
 from ckpt_chaos.check.judge import check_run
 from ckpt_chaos.run import command
 from ckpt_chaos.run.controller import ProbeServer
-from ckpt_chaos.run.triggers import Generator, Holds, launch_of
+from ckpt_chaos.run.triggers import HOLD_IDLE_S, Generator, Holds, launch_of
 from ckpt_chaos.check.history import (DeadlineHit, Exited, FaultFired, HarnessError, Healed, History, LaunchStarted,
                                      ProbeEvent, RankExited, Reaped, TornDown, final_state, launch_logs, of,
                                      read_history, snapshot_checkpoints, trainer_events)
@@ -63,7 +63,7 @@ class Result:
     """One row of the results table."""
 
     scenario: str
-    verdict: str  # pass | fail (a check failed, or could not tell) | skipped
+    verdict: str  # pass | fail (a check failed) | unknown (one could not tell, none failed) | skipped
     reason: str = ""
     families: list[str] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
@@ -222,7 +222,11 @@ class ChaosRun:
         self.ckpt_root = storage.view  # what the harness reads; the trainer writes to run_dir/checkpoints
         self.history = History(run_dir / HISTORY)
         self.generator = Generator(scenario.faults)
-        self.holds = Holds(self.generator, self.history)  # senders of held triggers wait there (when.after)
+        # senders of held triggers wait there (when.after); a held rank's peers wait for it in their next
+        # collective, so a hold is let go before the trainer's collective timeout would end the launch
+        timeout = scenario.trainer.get("collective_timeout_s") if scenario.command is None else None
+        self.holds = Holds(self.generator, self.history,
+                           idle_s=min(HOLD_IDLE_S, timeout / 2) if timeout else HOLD_IDLE_S)
         self.lock = threading.Lock()
         self.pids: dict[int, int] = {}
         # (launch, rank) -> pid as each rank reported it, noted before the lock is taken: a fault that
@@ -591,7 +595,7 @@ def run_scenario(s: Scenario, out_root: Path, golden_root: Path | None = None) -
     ``NAME.crashed`` and run once more, loudly; the result carries a ``retried_after_native_crash``
     check naming the crash. A second crash fails: a crash the faults cause comes back."""
     result = _run_scenario_once(s, out_root, golden_root)
-    failed = result.verdict == "fail" and result.run_dir
+    failed = result.verdict in ("fail", "unknown") and result.run_dir
     crash = (native_crash_where_no_fault_fired(Path(result.run_dir)) or segfault_in_a_rank(Path(result.run_dir))
              if failed else None)
     if crash is None:
@@ -695,8 +699,9 @@ def evaluate(s: Scenario, run_dir: Path, golden: Path, harness_errors: list[str]
         if not found and getattr(report, key) is None:
             report.timings_why.setdefault(key, f"the trainer reported no save with its {measure} (a saved event in "
                                                f"{EVENTS})")
-    # A scenario passes only if every check that applies passed: one that could not tell fails it.
-    result = Result(scenario=s.name, verdict="pass" if report.verdict == "pass" else "fail", reason=report.reason,
+    # A scenario passes only if every check that applies passed; one that could not tell makes it unknown
+    # (it fails a suite as fail does, unless the scenario allows it: expect.may_be_unknown).
+    result = Result(scenario=s.name, verdict=report.verdict, reason=report.reason,
                   families=s.families,
                   kinds=s.kinds, tags=s.tags, checks=[asdict(c) for c in report.checks],
                   launches=report.launches, steps_lost=report.steps_lost,

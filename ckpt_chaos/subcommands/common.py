@@ -9,7 +9,7 @@ from functools import cache
 from ckpt_chaos import config
 from ckpt_chaos.extras import missing_extra
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANNOT_RUN, EXIT_UNKNOWN, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 
 class UsageError(Exception):

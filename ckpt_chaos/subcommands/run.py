@@ -16,11 +16,11 @@ from typing import Any
 
 from ckpt_chaos import config
 from ckpt_chaos.extras import missing_extra
-from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, UsageError,
-                                           json_out, project)
+from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNKNOWN,
+                                           UsageError, json_out, project)
 from ckpt_chaos.subcommands.selection import scenario_dirs, select_scenarios, suite_name
 
-COLOUR = {"pass": "green", "fail": "red", "skipped": "yellow", "xfail": "cyan", "xpass": "red"}
+COLOUR = {"pass": "green", "fail": "red", "skipped": "yellow", "xfail": "cyan", "xpass": "red", "unknown": "magenta"}
 
 
 class _FirstFailure(KeyboardInterrupt):
@@ -62,7 +62,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return code  # interrupted, or the Slurm jobs could not be run: written and said already
     failing = [r for r in run.rows if results.failed(r)]
     skipped = [r for r in run.rows if r["verdict"] == "skipped"]
-    code = EXIT_FAILED if failing else EXIT_CANNOT_RUN if skipped and args.strict else EXIT_OK
+    decided = [r for r in failing if not results.undecided(r)]
+    code = (EXIT_FAILED if decided else EXIT_UNKNOWN if failing else EXIT_CANNOT_RUN if skipped and args.strict
+            else EXIT_OK)
     code = run.finish(code)
     _summary(run, failing, skipped, code)
     return code
@@ -303,8 +305,15 @@ def _summary(run: _SuiteRun, failing: list[dict], skipped: list[dict], code: int
             if c["verdict"] == "warn":
                 console.print(f"[yellow]WARNING[/] {r['scenario']}: {c['name']}: {escape(c['detail'])}", highlight=False)
     # Last, so that a CI log cut to its tail still names what failed and why.
+    for r in rows:
+        if r["verdict"] == "unknown" and r.get("may_be_unknown"):
+            console.print(f"[magenta]UNKNOWN[/] {r['scenario']}, as it allows ({escape(r['may_be_unknown'])}): "
+                          f"{escape(r['reason'][:300])}", highlight=False)
     for r in failing:
-        console.print(f"[red]{'XPASS' if r['verdict'] == 'xpass' else 'FAILED'}[/] {r['scenario']} ({r['run_dir']})")
+        label = {"xpass": "[red]XPASS[/]", "unknown": "[magenta]UNKNOWN[/]"}.get(r["verdict"], "[red]FAILED[/]")
+        console.print(f"{label} {r['scenario']} ({r['run_dir']})"
+                      + (": the run could not tell (expect.may_be_unknown lets a scenario allow it)"
+                         if r["verdict"] == "unknown" else ""))
         if r["verdict"] == "xpass":
             console.print(f"  {r['reason']}", markup=False, highlight=False, soft_wrap=True)
         for c in r["checks"]:
