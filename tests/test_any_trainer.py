@@ -99,6 +99,7 @@ def test_a_save_straight_to_the_final_name_is_caught_loading_a_torn_file(tmp_pat
     assert c["job_completed"][0] == "fail"  # torch.load cannot read the torn file
 
 
+@pytest.mark.nightly  # make test: the reference's rng_not_saved names the RNG
 def test_a_resume_that_does_not_restore_the_rng_is_caught_and_named(tmp_path, golden_root, monkeypatch,
                                                                     plain_ddp_mid_write):
     r = run_against_the_example(tmp_path, golden_root, monkeypatch,
@@ -111,6 +112,7 @@ def test_a_resume_that_does_not_restore_the_rng_is_caught_and_named(tmp_path, go
     assert "the torch RNG state it resumed with differs from the golden run's at step 5 (model, optimizer" in detail
 
 
+@pytest.mark.nightly  # make test: the reference's loader_not_restored names the loader
 def test_a_data_loader_that_restarts_the_epoch_is_caught_and_named(tmp_path, golden_root, monkeypatch,
                                                                     plain_ddp_mid_write):
     r = run_against_the_example(tmp_path, golden_root, monkeypatch,
@@ -123,6 +125,7 @@ def test_a_data_loader_that_restarts_the_epoch_is_caught_and_named(tmp_path, gol
             "the data loader resumed 4 step(s) too early and 4 step(s) of samples are seen twice") in detail
 
 
+@pytest.mark.nightly  # make test: the save-straight test judges a command trainer's resume
 def test_a_resume_that_does_not_restore_the_step_counter_is_caught_and_named(tmp_path, golden_root, monkeypatch,
                                                                              plain_ddp_mid_write):
     # the optimizer, schedule, data position and RNG come back; the loop's own counter starts again

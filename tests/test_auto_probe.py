@@ -189,6 +189,7 @@ def test_a_file_renamed_into_place_is_planned_under_both_names_and_by_a_trigger_
 
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="accelerate is not installed "
                     "(pip install 'ckpt-chaos[examples]')")
+@pytest.mark.nightly  # make chaos-examples runs Accelerate's trajectory
 def test_the_samples_of_each_step_are_those_accelerate_hands_over_though_it_fetches_ahead(tmp_path):
     # 96 samples, 2 processes, 8 per batch: an epoch is 6 steps, and every sample of rank 0's half once
     with ProbeServer(Recorder()) as server:

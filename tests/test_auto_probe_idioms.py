@@ -59,6 +59,7 @@ def checks(result) -> dict[str, tuple[str, str]]:
     return {c["name"]: (c["verdict"], c["detail"]) for c in result.checks}
 
 
+@pytest.mark.nightly  # make test: test_auto_probe's os.write test, the idiom cell's kill mid-write
 def test_a_file_written_with_os_write_is_seen_and_a_kill_lands_at_half_of_it(tmp_path, command_golden_root):
     final = "checkpoints/global_step8/rank1_state.pt"
     s = scenario(tmp_path, "os_write_writer.py", f"""complete = {{ pointer = "latest" }}
@@ -85,6 +86,7 @@ when = {{ point = "file.write", rank = 1, path = "{final}", min_fraction = 0.5 }
     assert torn.name.startswith(".rank1_state.pt.tmp") and torn.stat().st_size == last["bytes"] == -(-whole // 2)
 
 
+@pytest.mark.nightly  # make test: test_auto_probe's optimizer-state step is no step
 def test_a_resume_through_dcps_state_dict_helpers_is_numbered_from_the_checkpoint(tmp_path, command_golden_root):
     s = scenario(tmp_path, "dcp_get_state_dict.py", """complete = "step_*/.metadata"
 save_every = 4

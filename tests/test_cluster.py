@@ -121,6 +121,7 @@ def ours(pid: int) -> list[str]:
     return leftovers(owner=pid)
 
 
+@pytest.mark.nightly  # make chaos runs the Docker node-loss scenario
 @pytest.mark.slow
 def test_docker_node_loss_scenario_passes_and_leaves_nothing(tmp_path, docker_engine, golden_root):
     # the golden run is a local one (no nodes), the leftovers test's below

@@ -58,6 +58,7 @@ def test_an_option_counts_as_named_only_in_what_the_job_printed():
     assert named(echo + "SystemExit: refusing to resume: seed changed from 0 to 7\n", ["seed", "lr"]) == ["seed"]
 
 
+@pytest.mark.nightly  # make test: the reference's config-change tests
 @pytest.mark.slow
 def test_the_example_takes_a_changed_seed_without_a_word_and_the_check_says_so(tmp_path, command_golden_root):
     s = load(CHANGED_SEED)

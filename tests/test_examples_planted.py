@@ -51,6 +51,7 @@ def checks(result) -> dict[str, tuple[str, str]]:
     return {c["name"]: (c["verdict"], c["detail"]) for c in result.checks}
 
 
+@pytest.mark.nightly  # make chaos-examples runs Lightning's own xfail
 def test_lightning_without_save_last_starts_over_and_the_lost_work_names_it(tmp_path, golden_root):
     # ModelCheckpoint without save_last: the step-N files are written, but no last.ckpt, so the
     # relaunch's --ckpt-path last finds nothing; Lightning warns and trains from step 0 again
@@ -69,6 +70,7 @@ def test_lightning_without_save_last_starts_over_and_the_lost_work_names_it(tmp_
     assert [n for n, (v, _) in c.items() if v in ("fail", "unknown")] == ["lost_work@1"], r.checks
 
 
+@pytest.mark.nightly  # make chaos-examples runs Accelerate's scenarios
 def test_accelerate_skipping_load_state_but_not_the_batches_is_caught_and_named(tmp_path, golden_root):
     # the step and the place in the epoch come from the folder's name, skip_first_batches skips to
     # it, but the state (model, optimizer, LR schedule, RNG) is never loaded

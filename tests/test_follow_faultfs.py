@@ -43,6 +43,7 @@ when = {{ point = "faultfs.write", rank = 0, path = "{MODEL}", min_fraction = 0.
 """
 
 
+@pytest.mark.nightly  # make test: the idiom cell's kill mid-write, the planted shard-progress tests
 def test_a_kill_aimed_at_half_of_a_file_safetensors_writes_under_a_temporary_name_lands_at_half_of_it(tmp_path):
     path = tmp_path / "safetensors-kill-mid-model.toml"
     path.write_text(SCENARIO)

@@ -124,6 +124,7 @@ def test_wheel_runs_a_scenario_from_an_unrelated_directory(fresh, tmp_path):
     assert _site_listing(site) == before, "the run wrote under site-packages"
 
 
+@pytest.mark.nightly  # make test: the core-without-extras test
 @pytest.mark.slow
 def test_a_scenario_needing_a_missing_extra_is_skipped_with_one_line(fresh, tmp_path):
     python, _, env = fresh

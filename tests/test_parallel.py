@@ -172,6 +172,7 @@ def _project(root: Path, golden_root: Path) -> Path:
     return root
 
 
+@pytest.mark.nightly  # make chaos runs the suite in parallel
 @pytest.mark.slow
 def test_a_parallel_run_gives_each_scenario_its_verdict_in_catalogue_order(tmp_path, golden_root):
     """Two at a time, with a known failure: the verdicts, the JSON and the JUnit file in the catalogue's

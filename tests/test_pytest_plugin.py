@@ -63,6 +63,7 @@ def test_an_unrelated_project_with_a_scenarios_folder_is_left_alone(tmp_path):
     assert "@pytest.mark.kill" not in markers and "@pytest.mark.chaos" not in markers
 
 
+@pytest.mark.nightly  # make test: the ini-option test collects scenarios as items
 def test_with_chaos_the_catalogue_is_collected_with_markers_to_select_by():
     out = pytest_in(ROOT, "--chaos", "--collect-only", "-q", str(CATALOGUE), "-m", "kill and mid_write")
     names = [line for line in out.stdout.splitlines() if "::" in line]
@@ -129,6 +130,7 @@ def evidence(case: ET.Element) -> str:
     return f"{report}\n--- end of {log}:\n{tail}"
 
 
+@pytest.mark.nightly  # make test: the report tests read each check's text
 @pytest.mark.slow
 def test_junit_carries_each_check_as_readable_text(three_scenarios):
     out, cases = three_scenarios

@@ -119,6 +119,7 @@ def test_an_atomic_save_on_faultfs_resumes_from_the_pointer_without_a_false_alar
                      detail), detail
 
 
+@pytest.mark.nightly  # make test: the planted torn-load tests
 @pytest.mark.slow
 @needs_faultfs
 def test_a_torn_file_an_earlier_launch_left_in_a_complete_checkpoint_fails_committed_valid(tmp_path, golden_root):

@@ -293,6 +293,7 @@ def test_ctrl_c_cancels_the_jobs_and_stops_the_cluster_leaving_nothing(tmp_path,
     assert len(jobs) == 2 and all(j["JobState"] in slurm.TERMINAL for j in jobs), jobs
 
 
+@pytest.mark.nightly  # make test: the fan-out's Ctrl-C test
 @needs_slurm
 @pytest.mark.slow
 def test_an_existing_cluster_is_only_submitted_to_and_a_lost_node_is_a_failed_row(tmp_path, golden):

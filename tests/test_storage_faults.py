@@ -623,6 +623,7 @@ refused = []
 """
 
 
+@pytest.mark.nightly  # make test: the ENOSPC swallow test
 @pytest.mark.slow
 def test_a_disk_full_cut_short_by_a_power_loss_is_not_called_a_swallowed_error(tmp_path, golden_root):
     """No failed call, no report, and a later fault that ended the launch: the evidence does not show

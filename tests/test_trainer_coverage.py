@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(trainer_coverage.missing() is not None, reason="needs the 'coverage' extra")]
 
 
+@pytest.mark.nightly  # make test: the other coverage test
 def test_a_rank_killed_by_the_nemesis_keeps_the_lines_it_ran(tmp_path, monkeypatch, golden_root):
     s = load(builtin_scenarios() / "process" / "kill-rank1-mid-shard-write.toml")
     folder = tmp_path / "coverage"

@@ -290,6 +290,7 @@ def _gather_in_rank(rank: int, world: int, store_path: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.nightly  # make test: every planted-bug run compares these digests
 def test_the_digests_gather_every_shard_whole_in_one_collective_per_dtype(tmp_path):
     """``_gathered`` packs a tree's shards into one ``all_gather`` per dtype; each tensor must come
     back as ``full_tensor`` gives it, padding rows and dtypes included, on every rank."""
