@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_chaos.audit.discover import DiscoveryError, Profile, describe, discover
-from ckpt_chaos.audit.generate import FAMILIES, _reports_at_half, check, generate, write
+from ckpt_chaos.audit.generate import DEFAULT_FAMILIES, FAMILIES, _reports_at_half, check, generate, write
 from ckpt_chaos.probe.run_files import FILES, GOLDEN, LISTING, PROBE_LOG, TRAJECTORY
 from ckpt_chaos.scenario import from_dict
 from tests.helpers import REPO
@@ -184,8 +184,9 @@ def _tables(g) -> dict:
 
 def test_generated_scenarios_aim_at_the_discovered_points(tmp_path):
     p = discover(plain_ddp(tmp_path))
-    gen = {g.name: g for g in generate(p)}
+    gen = {g.name: g for g in generate(p, FAMILIES)}
     assert {g.family for g in gen.values()} == set(FAMILIES)
+    assert "corrupt" not in {g.family for g in generate(p)} and set(DEFAULT_FAMILIES) < set(FAMILIES)
     mid = _tables(gen["plain-ddp-train--mid-write--kill-at-half-step-pt"])
     assert mid["faults"] == [{"kind": "kill", "target": "rank:0", "when": {
         "point": "file.write", "rank": 0, "path": "checkpoints/step_00000008.pt", "min_fraction": 0.5}}]
@@ -231,7 +232,7 @@ def test_generated_scenarios_load_and_are_the_same_each_time(tmp_path):
 
 
 def test_native_and_pointer_files_get_their_own_points(tmp_path):
-    gen = {g.name: _tables(g) for g in generate(discover(pointer_trainer(tmp_path)))}
+    gen = {g.name: _tables(g) for g in generate(discover(pointer_trainer(tmp_path)), FAMILIES)}
     native = gen["plain-ddp-train--mid-write--kill-at-half-global-step-model-safetensors"]["faults"][0]
     assert native["when"]["point"] == "faultfs.write"
     python = gen["plain-ddp-train--mid-write--kill-at-half-global-step-state-json"]["faults"][0]
