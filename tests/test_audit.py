@@ -195,7 +195,9 @@ def test_generated_scenarios_aim_at_the_discovered_points(tmp_path):
     commit = _tables(gen["plain-ddp-train--commit--kill-before-commit"])["faults"][0]
     assert commit["when"] == {"point": "file.fsync", "rank": 0, "path": "checkpoints/step_00000008.pt.tmp"}
     modes = [_tables(g)["faults"][0] for g in gen.values() if g.family == "power-loss"]
-    assert [(f["mode"], f["when"]["nth"]) for f in modes] == [("undo", 2), ("entries-kept", 2)]
+    assert [(f["mode"], f["when"].get("nth")) for f in modes] == [("undo", 2), ("entries-kept", 2),
+                                                                   ("entries-kept", None)]
+    assert modes[2]["when"] == {"point": "file.rename", "rank": 0, "path": "checkpoints/step_00000008.pt"}
     load = _tables(gen["plain-ddp-train--load--kill-relaunch-load"])
     assert load["faults"][1] == {"kind": "kill", "target": "rank:0", "attempt": 1,
                                  "when": {"point": "load.begin", "rank": 0}}

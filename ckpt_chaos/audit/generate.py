@@ -8,7 +8,8 @@ or the only one. Per family (``FAMILIES``):
   ``rank1.pt`` are one role), at the point that reports its writer's bytes: ``file.write`` for
   Python's, ``ckpt.shard.write`` for DCP's shards, ``faultfs.write`` for a native writer;
 * ``commit``: a kill between the save's data and its commit (the rename of its entry, or its pointer);
-* ``power-loss``: power cut right after the save, in both modes of ``power_loss``;
+* ``power-loss``: power cut right after the save, in both modes of ``power_loss``, and right after
+  the rename that commits it (mode entries-kept: the rename kept, un-fsynced data lost);
 * ``term``: SIGTERM to the last rank only, and to every rank, between two saves;
 * ``disk-full``: the checkpoint file system fills as the save starts;
 * ``errno``: EIO on the first write of the save's largest file, and on its fsync;
@@ -198,6 +199,15 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES) -> list[G
                 f"mode {mode}: un-fsynced data lost, and directory entries no folder fsync made durable "
                 f"{'undone' if mode == 'undo' else 'kept'}", [{"kind": "power_loss", "mode": mode, "when": end}],
                 ["power-loss"])
+
+    commit = target.marks.get("commit")
+    if commit and commit["point"] == "file.rename":
+        # ext4's kind of crash right after the rename: the new name kept, un-fsynced data lost; a save
+        # that renamed before its data was fsynced leaves an empty or short file under the final name
+        add("power-loss", "commit", "power loss entries-kept",
+            f"power is cut right after the rename that commits {at} ({commit.get('path')}), before anything "
+            "later makes it durable; mode entries-kept: the rename is kept, un-fsynced data lost",
+            [{"kind": "power_loss", "mode": "entries-kept", "when": commit}], ["power-loss"])
 
     last = p.world_size - 1
     add("term", f"step {mid}", f"SIGTERM rank {last}",
