@@ -135,7 +135,9 @@ def test_profile_of_a_pointer_and_native_writer(tmp_path):
     assert s.entry == "global_step8" and s.pointer == "checkpoints/latest"
     native = next(f for f in s.files if f.final.endswith("model.safetensors"))
     assert (native.writer, native.point) == ("native", "faultfs.write")
-    assert native.names == ["checkpoints/global_step8/model.safetensors"]
+    # renamed before it was closed, as safetensors' writer does: followed from the name it was opened under
+    assert native.names == ["checkpoints/global_step8/.tmpAbCdEf", "checkpoints/global_step8/model.safetensors"]
+    assert native.commit == "rename"
     # between the data and the pointer: the checkpoint folder's fsync that precedes latest.tmp
     assert s.marks["before_commit"] == {"point": "file.fsync", "rank": 0, "path": "checkpoints", "nth": 3}
     assert s.marks["commit"] == {"point": "file.rename", "rank": 0, "path": "checkpoints/latest", "nth": 2}

@@ -142,14 +142,20 @@ def _native_files(records: list[dict], python: list[dict]) -> list[tuple[dict, f
     # fanotify's records in the shape of faultfs's points, so that follow.files follows their renames
     ops = {"close": "faultfs.done", "rename": "faultfs.rename", "delete": "faultfs.remove"}
     events, closed = [], []
+    written, renamed_open = set(), {}  # a file renamed before its close (safetensors): the name it started under
     for r in records:
         if r.get("op") not in ops or r.get("dir") or not r.get("path") or r.get("launch", 0) != 0:
             continue
         if r["op"] == "close" and not r.get("wrote"):
             continue
+        if r["op"] == "rename" and r.get("src") and r["src"] not in written:
+            renamed_open[r["path"]] = renamed_open.pop(r["src"], r["src"])
+        opened = r.get("opened") or (renamed_open.pop(r["path"], None) if r["op"] == "close" else None)
+        if r["op"] == "close":
+            written.add(r["path"])
         events.append({"point": ops[r["op"]], "rank": r.get("rank") if r.get("rank") is not None else 0,
                        "info": {"path": r["path"], "src": r.get("src"), "bytes": r.get("size") or 0,
-                                "opened": r.get("opened")}})
+                                "opened": opened}})
         if r["op"] == "close":
             closed.append(r.get("t", 0.0))
     seen = {n for f in python for n in f["names"]}
