@@ -14,7 +14,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from ckpt_chaos.env.storage import FAULTFS_POINTS
 from ckpt_chaos.faults.registry import KINDS, Invalid
 from ckpt_chaos.faults.targets import target_ranks
-from ckpt_chaos.probe import auto
+from ckpt_chaos.probe import auto_state
 from ckpt_chaos.probe.profile import TrainerProfile, profile_of
 from ckpt_chaos.scenario_model import (AUTO_POINTS, BACKENDS, CHOICE_NAMES, EXTERNAL_POINTS, FAMILIES, FAULT_KINDS,
                                        FULL_SUITE, GENERIC_KEYS, PATH_POINTS, PLACEHOLDERS, CHANGE_PLACEHOLDERS, Cluster,
@@ -386,7 +386,7 @@ def _check_command(s: Scenario) -> None:
         raise _error(src, "command.keep_last", "a pointer names one checkpoint, not the set retention keeps",
                      "give command.complete as a glob of the checkpoints (\"step_*.pt\"), or drop keep_last")
     _check_complete(src, c.complete)
-    armed = auto.armed_points(auto.PATCH_POINTS)
+    armed = auto_state.armed_points(auto_state.PATCH_POINTS)
     for i, f in enumerate(s.faults):
         if not f.when.external and f.when.point not in armed and f.when.point not in FAULTFS_POINTS:
             raise _error(src, f"faults[{i}].when.point", f"the automatic probe layer never fires {f.when.point!r}",

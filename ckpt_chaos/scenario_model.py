@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 
 from ckpt_chaos.env.storage import FAULTFS_POINTS
 from ckpt_chaos.faults.registry import CHOICE_NAMES as FAULT_CHOICE_NAMES, KINDS, families, lookup
-from ckpt_chaos.probe import POINTS, auto
+from ckpt_chaos.probe import POINTS, auto_state
 
 # Points the harness observes from outside, for trainers that do not call the probe.
 EXTERNAL_POINTS = (
@@ -21,7 +21,7 @@ EXTERNAL_POINTS = (
 )
 # Points only the automatic probe layer fires (file operations of any writer), for [command] trainers,
 # and those faultfs fires for them under [storage] faultfs = true (writers Python cannot see).
-AUTO_POINTS = tuple(p for p in dict.fromkeys(p for ps in auto.PATCH_POINTS.values() for p in ps)
+AUTO_POINTS = tuple(p for p in dict.fromkeys(p for ps in auto_state.PATCH_POINTS.values() for p in ps)
                     if p not in POINTS) + FAULTFS_POINTS
 # Points whose events carry a path (relative to the run directory), which when.path filters with a glob.
 PATH_POINTS = ("fs.created", *AUTO_POINTS, "ckpt.shard.write", "ckpt.shard.done", "ckpt.metadata", "ckpt.stage",

@@ -14,7 +14,7 @@ import pytest
 
 from ckpt_chaos.env import fileevents
 from ckpt_chaos.env.fileevents import FILES, FileEvents, available
-from ckpt_chaos.probe.auto import ENV_RUN_DIR
+from ckpt_chaos.probe.auto_state import ENV_RUN_DIR
 
 needs_fanotify = pytest.mark.skipif(available() is not None, reason=f"fanotify: {available()}")
 

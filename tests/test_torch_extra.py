@@ -8,7 +8,6 @@ import os
 import sys
 import tomllib
 import types
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -17,7 +16,7 @@ from ckpt_chaos import cli, probe
 from ckpt_chaos.check.history import ProbeEvent
 from ckpt_chaos.config import builtin_scenarios
 from ckpt_chaos.extras import EXTRAS
-from ckpt_chaos.probe import auto, versions
+from ckpt_chaos.probe import auto_state, auto_torch, versions
 from ckpt_chaos.run import runner
 from ckpt_chaos.scenario import load
 from tests.helpers import REPO
@@ -77,9 +76,9 @@ def test_a_release_outside_the_range_is_said_in_one_line(name, version, ok):
 def layer(monkeypatch):
     """A fresh state of the automatic layer in this process, its points captured instead of sent."""
     # reset in place: the layer's modules share this one object (probe/auto_state.py)
-    for key, value in vars(auto._State()).items():
-        monkeypatch.setattr(auto._s, key, value)
-    auto._s.pid = os.getpid()
+    for key, value in vars(auto_state._State()).items():
+        monkeypatch.setattr(auto_state._s, key, value)
+    auto_state._s.pid = os.getpid()
     sent: list[tuple[str, dict]] = []
     monkeypatch.setattr(probe, "point", lambda name, /, **info: sent.append((name, info)))
     return sent
@@ -88,17 +87,17 @@ def layer(monkeypatch):
 def test_a_faked_torch_outside_the_range_goes_out_in_probe_armed_and_becomes_a_warning_in_the_result(layer):
     fake = types.ModuleType("torch")
     fake.__version__ = "2.99.0"
-    assert auto._found(fake).startswith("torch 2.99.0 is outside the releases the probe layer supports (torch>=2.13,<2.15)")
-    auto._arm("torch.optim")
-    auto._point("step.end", step=1)
-    auto._point("step.end", step=2)  # told once
+    assert auto_torch._found(fake).startswith("torch 2.99.0 is outside the releases the probe layer supports (torch>=2.13,<2.15)")
+    auto_state._arm("torch.optim")
+    auto_state._point("step.end", step=1)
+    auto_state._point("step.end", step=2)  # told once
     armed = [info for name, info in layer if name == "probe.armed"]
     assert len(armed) == 1 and armed[0]["versions"] == {"torch": "2.99.0"}
-    assert armed[0]["unsupported"] == [auto._s.unsupported[0]]
+    assert armed[0]["unsupported"] == [auto_state._s.unsupported[0]]
 
     history = [ProbeEvent(t=1.0, point="probe.armed", rank=r, pid=10 + r, launch=0, info=armed[0]) for r in (0, 1)]
     check = runner.probe_versions(history)
-    assert check["verdict"] == "warn" and check["detail"] == auto._s.unsupported[0]  # once, not once per rank
+    assert check["verdict"] == "warn" and check["detail"] == auto_state._s.unsupported[0]  # once, not once per rank
 
 
 def test_a_release_is_checked_when_the_import_hook_patches_its_module(layer, capsys):
@@ -107,18 +106,18 @@ def test_a_release_is_checked_when_the_import_hook_patches_its_module(layer, cap
             module.__version__ = "4.57.6"
 
     module = types.ModuleType("transformers")
-    auto._Loader(Loader(), auto._AFTER_IMPORT["transformers"]).exec_module(module)
-    assert auto._s.versions == {"transformers": "4.57.6"}
+    auto_torch._Loader(Loader(), auto_torch._AFTER_IMPORT["transformers"]).exec_module(module)
+    assert auto_state._s.versions == {"transformers": "4.57.6"}
     assert "transformers 4.57.6 is outside" in capsys.readouterr().err  # the trainer's log says it too
-    auto._point("step.end", step=1)
+    auto_state._point("step.end", step=1)
     assert "transformers 4.57.6 is outside" in layer[0][1]["unsupported"][0]
 
 
 def test_supported_releases_pass_and_a_run_without_the_layer_has_no_such_check(layer):
     fake = types.ModuleType("torch")
     fake.__version__ = "2.13.0+cpu"
-    assert auto._found(fake) is None
-    auto._point("step.end", step=1)
+    assert auto_torch._found(fake) is None
+    auto_state._point("step.end", step=1)
     history = [ProbeEvent(t=1.0, point="probe.armed", rank=0, pid=1, launch=0, info=layer[0][1])]
     check = runner.probe_versions(history)
     assert check["verdict"] == "pass" and check["detail"].startswith("torch 2.13.0+cpu:")

@@ -93,7 +93,7 @@ import threading
 import time
 from pathlib import Path
 
-from ckpt_chaos.probe.auto import ENV_RUN_DIR
+from ckpt_chaos.probe.auto_state import ENV_RUN_DIR
 from ckpt_chaos.probe.run_files import FILES
 
 ENV_SWITCH = "CKPT_CHAOS_FILE_EVENTS"  # "off": record nothing (an "unavailable" record says so)

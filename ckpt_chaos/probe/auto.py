@@ -50,8 +50,7 @@ last step's digests. ``ckpt_chaos.record(...)`` adds what the layer cannot see.
 The layer is in modules by concern: ``auto_state`` (the settings, the one state ``_s`` and the
 replaced functions ``_orig`` every part shares, reporting), ``auto_files`` (the standard library's
 file operations), ``auto_torch`` (torch, DCP and the frameworks, with the import hook) and
-``auto_recorder`` (the trajectory); this module installs them and holds the harness's side, and
-every name the parts define is importable from here.
+``auto_recorder`` (the trajectory); this module installs them and holds the harness's side.
 """
 
 from __future__ import annotations
@@ -62,18 +61,11 @@ import sys
 
 from ckpt_chaos import probe
 from ckpt_chaos.probe import follow
-from ckpt_chaos.probe.auto_files import (_copyfile, _fdatasync, _fsync, _kind, _open, _patch_files,  # noqa: F401
-                                         _path_of_fd, _read, _remover, _renamer, _rmtree, _Watched)
-from ckpt_chaos.probe.auto_recorder import (_after_backward, _after_step, _append, _at_exit,  # noqa: F401
-                                            _before_step, _flat_bytes, _folders_changed, _ids,
-                                            _optimizer_step, _rank, _rng_digests, _staged, digests, record)
-from ckpt_chaos.probe.auto_state import (CHUNK, ENV_DIGEST_EVERY, ENV_DIRS, ENV_PLANNED,  # noqa: F401
-                                         ENV_RUN_DIR, ENV_STEP_POINTS, PATCH_POINTS, STEP_POINTS, TENTHS,
-                                         WHOLE, _arm, _orig, _point, _Quiet, _quiet, _s, _State, _watched,
-                                         armed_points)
-from ckpt_chaos.probe.auto_torch import (_AFTER_IMPORT, _AfterImport, _found, _framework_load,  # noqa: F401
-                                         _framework_save, _Loader, _patch_accelerate, _patch_dcp,
-                                         _patch_lightning, _patch_torch, _patch_transformers, _save_name)
+from ckpt_chaos.probe.auto_files import _patch_files
+from ckpt_chaos.probe.auto_recorder import _at_exit
+from ckpt_chaos.probe.auto_state import (ENV_DIGEST_EVERY, ENV_DIRS, ENV_PLANNED, ENV_RUN_DIR, ENV_STEP_POINTS,
+                                         STEP_POINTS, _orig, _s)
+from ckpt_chaos.probe.auto_torch import _AFTER_IMPORT, _AfterImport, _found
 
 
 # ---- installation --------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from ckpt_chaos.config import golden_dir, golden_tree, refuse_golden_elsewhere
 from ckpt_chaos.env.fileevents import FileEvents
 from ckpt_chaos.env.launcher import Job, launch_command, native_crash, worker_pythonpath
 from ckpt_chaos.env.storage import FAULTFS_POINTS, Storage, StorageSpec
-from ckpt_chaos.probe import auto, follow
+from ckpt_chaos.probe import auto, auto_state, follow
 from ckpt_chaos.probe.run_files import GOLDEN, LISTING, PLANNED, PROBE_LOG, TORCHRUN_LOG, TRAJECTORY
 from ckpt_chaos.run import triggers
 from ckpt_chaos.run.controller import ProbeServer
@@ -94,7 +94,7 @@ def launch(s: Scenario, run_dir: Path, attempt: int, world_size: int, controller
     layer = auto.environment(controller, run_dir, watched(s, run_dir), planned=planned,
                              digest_every=s.command.digest_every, pythonpath=worker_pythonpath("ckpt_chaos"),
                              step_points=None if all_points else
-                             {f.when.point for f in s.faults if f.when.point in auto.STEP_POINTS})
+                             {f.when.point for f in s.faults if f.when.point in auto_state.STEP_POINTS})
     return launch_command(run_dir, world_size, argv(s, run_dir, attempt, world_size), launcher=s.command.launcher,
                           env={**(env or {}), **own, **layer}, max_restarts=max_restarts)
 
