@@ -267,6 +267,28 @@ def test_a_shared_mapping_writes_and_reads_on_faultfs_and_its_pages_are_the_writ
 
 
 @needs_faultfs
+def test_a_read_error_a_rule_injects_once_is_the_readers_and_a_shared_reader_maps_without_a_rule(tmp_path):
+    """A file opened to read goes through the page cache, so a shared mapping of it works; while a rule
+    on reads is armed, it is read directly, so that the one error a rule injects reaches the reader's
+    read(2) (through the cache a readahead takes it, the kernel drops it, and the read that follows
+    succeeds)."""
+    data = bytes(range(256)) * 256
+    with Storage(tmp_path, StorageSpec(fs="host", faultfs=True)) as st:
+        (st.ckpt / "w.bin").write_bytes(data)
+        with open(st.ckpt / "w.bin", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            assert m[:] == data
+        st.client.call("arm", rule={"call": "read", "path": "w.bin", "errno": errno.EIO, "nth": 1, "count": 1})
+        with open(st.ckpt / "w.bin", "rb") as f:
+            with pytest.raises(OSError) as e:
+                f.read()
+            assert e.value.errno == errno.EIO
+        assert (st.ckpt / "w.bin").read_bytes() == data  # count = 1: the next read is whole
+        st.client.call("disarm")
+        with open(st.ckpt / "w.bin", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            assert m[:256] == data[:256]
+
+
+@needs_faultfs
 def test_an_open_file_unlinked_still_reads_writes_and_obeys_the_rules_by_its_name(tmp_path):
     with Storage(tmp_path, StorageSpec(fs="host", faultfs=True)) as st:
         with open(st.ckpt / "w.bin", "w+b", buffering=0) as f:  # created for reading too

@@ -200,6 +200,11 @@ class FaultFS(Operations):
         if r is not None:
             r.hold(point, fuse_get_context()[2], **info)
 
+    def reads_ruled(self) -> bool:
+        """Whether an armed rule acts on reads (fails or slows them)."""
+        with self._mutex:
+            return any("read" in CALLS[r.call] for r in self.rules.values())
+
     def disarm(self, rid: int | None = None) -> None:
         with self._mutex:
             if rid is None:
@@ -583,18 +588,19 @@ class _FUSE(FUSE):
         self._direct_io(fip)
         return ret
 
-    @staticmethod
-    def _direct_io(fip) -> None:
-        """A file opened only to write or only to read bypasses the page cache: each write(2) reaches
-        FaultFS as it is made, whole, with no page left for the kernel to write back later, and each
-        read(2) as the reader makes it, so an error a rule injects into it is the reader's (through the
-        cache, a readahead would take it and the kernel drop it). One opened to read and write goes
-        through the page cache, which a shared writable mmap needs (the kernel refuses it on a direct_io
-        file with ENODEV): its write(2)s still reach FaultFS as they are made (no writeback_cache: the
-        kernel writes through), a mapping's stores as its pages are written back (msync, munmap), and the
-        cache is dropped at every open (no keep_cache), so a reader sees what a crash left."""
+    def _direct_io(self, fip) -> None:
+        """A file opened only to write bypasses the page cache: each write(2) reaches FaultFS as it is
+        made, whole, with no page left for the kernel to write back later. One opened to read goes
+        through the page cache, which a shared mmap needs (the kernel refuses one on a direct_io file:
+        ENODEV), and is dropped at every open (no keep_cache), so a reader sees what a crash left; its
+        write(2)s, opened to read and write, still reach FaultFS as they are made (no writeback_cache:
+        the kernel writes through), a mapping's stores as its pages are written back (msync, munmap).
+        But while a rule on reads is armed, one opened only to read bypasses the cache too, so that each
+        read(2) reaches FaultFS as the reader makes it and an error a rule injects is the reader's
+        (through the cache, a readahead takes it and the kernel drops it)."""
         fi = fip.contents
-        fi.direct_io = int(fi.flags & os.O_ACCMODE != os.O_RDWR)
+        mode = fi.flags & os.O_ACCMODE
+        fi.direct_io = int(mode == os.O_WRONLY or (mode == os.O_RDONLY and self.operations.reads_ruled()))
 
     def truncate_fuse_3(self, path, length, fip):
         fh = fip.contents.fh if fip else None
