@@ -16,7 +16,7 @@ from ckpt_chaos import __version__
 from tests.test_pytest_plugin import QUICK
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ["list", "run", "check", "ckpts", "report", "cadence", "explore"]
+COMMANDS = ["list", "run", "check", "ckpts", "report", "cadence", "explore", "audit"]
 
 
 def cli(*args: str, cwd: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
