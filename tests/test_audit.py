@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ckpt_chaos.audit.discover import DiscoveryError, Profile, describe, discover
-from ckpt_chaos.audit.generate import DEFAULT_FAMILIES, FAMILIES, _reports_at_half, check, generate, write
+from ckpt_chaos.audit import DEFAULT_FAMILIES, FAMILIES
+from ckpt_chaos.audit.generate import _reports_at_half, check, generate, write
 from ckpt_chaos.probe.run_files import FILES, GOLDEN, LISTING, PROBE_LOG, TRAJECTORY
 from ckpt_chaos.scenario import from_dict
 from tests.helpers import REPO

@@ -30,14 +30,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckpt_chaos.audit import DEFAULT_FAMILIES
 from ckpt_chaos.audit.discover import NATIVE, Profile, Save, SeenFile, glob_escape
 from ckpt_chaos.probe import follow
 
-FAMILIES = ("mid-write", "commit", "power-loss", "term", "disk-full", "errno", "kill", "load", "corrupt")
-# corrupt only when asked: its check (faults/storage.py, corruption_detected) counts a rejection by the
-# reference trainer's ckpt_rejected event, which a [command] trainer never writes, so a trainer that
-# passes over the damaged checkpoint and resumes from the one before would fail it
-DEFAULT_FAMILIES = tuple(f for f in FAMILIES if f != "corrupt")
 SUITE = "audit"
 TENTHS = 10  # the probe layer reports a write at each tenth of its planned size (auto_state.TENTHS)
 

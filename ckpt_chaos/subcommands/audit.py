@@ -27,7 +27,7 @@ KEYS = {"argv": (list, 'argv = ["train.py", "--ckpt-dir", "{ckpt_dir}"]'), "npro
 
 
 def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
-    from ckpt_chaos.audit.generate import FAMILIES
+    from ckpt_chaos.audit import FAMILIES
 
     c.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- ARGV",
                    help="the trainer's command, with {ckpt_dir} where its checkpoint folder goes (default: "
@@ -117,17 +117,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ckpt_chaos.audit import generate as gen_mod
-    from ckpt_chaos.audit import golden, matrix
+    from ckpt_chaos.audit import DEFAULT_FAMILIES, FAMILIES, golden, matrix
     from ckpt_chaos.audit.discover import DiscoveryError, describe, discover
     from ckpt_chaos.run.command import missing
     from ckpt_chaos.scenario import ScenarioError
 
     spec, given = spec_of(args)
     families = tuple(f.strip() for f in (args.families.split(",") if args.families else
-                                         given.get("families", gen_mod.DEFAULT_FAMILIES)) if f.strip())
-    bad = [f for f in families if f not in gen_mod.FAMILIES]
+                                         given.get("families", DEFAULT_FAMILIES)) if f.strip())
+    bad = [f for f in families if f not in FAMILIES]
     if bad:
-        raise UsageError(f"--families {bad[0]}: unknown family; choose from {', '.join(gen_mod.FAMILIES)}")
+        raise UsageError(f"--families {bad[0]}: unknown family; choose from {', '.join(FAMILIES)}")
     console = Console(stderr=args.json)
     say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     if why := missing(spec.scenario()):
