@@ -272,42 +272,62 @@ def audit(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def test_cli_without_a_command_says_how_to_give_one(tmp_path):
-    p = audit(cwd=tmp_path)
-    assert p.returncode == 2
-    assert "give its command after --" in p.stderr and "[tool.ckpt-chaos.audit]" in p.stderr
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """``ckpt-chaos audit ARGS`` in this process, from a folder: its exit status and stderr."""
+    from ckpt_chaos.cli import main
+    from ckpt_chaos.subcommands.common import project
+
+    def run(*args: str, cwd: Path) -> tuple[int, str]:
+        monkeypatch.chdir(cwd)
+        project.cache_clear()  # the project's settings are read once a process, from where it runs
+        try:
+            code = main(["audit", *args])
+        finally:
+            project.cache_clear()
+        return code, capsys.readouterr().err
+
+    return run
 
 
-def test_cli_command_without_ckpt_dir(tmp_path):
-    p = audit("--", "train.py", "--steps", "3", cwd=tmp_path)
-    assert p.returncode == 2 and "does not name {ckpt_dir}" in p.stderr and "--ckpt-dir {ckpt_dir}" in p.stderr
+def test_cli_without_a_command_says_how_to_give_one(tmp_path, cli):
+    code, err = cli(cwd=tmp_path)
+    assert code == 2
+    assert "give its command after --" in err and "[tool.ckpt-chaos.audit]" in err
 
 
-def test_cli_bad_placeholder_names_the_key(tmp_path):
-    p = audit("--", "train.py", "{ckpt_dir}", "{nope}", cwd=tmp_path)
-    assert p.returncode == 2 and "command.argv" in p.stderr and "{nope}" in p.stderr
+def test_cli_command_without_ckpt_dir(tmp_path, cli):
+    code, err = cli("--", "train.py", "--steps", "3", cwd=tmp_path)
+    assert code == 2 and "does not name {ckpt_dir}" in err and "--ckpt-dir {ckpt_dir}" in err
 
 
-def test_pyproject_table_is_read_and_checked(tmp_path):
+def test_cli_bad_placeholder_and_family_name_the_key(tmp_path, cli):
+    code, err = cli("--", "train.py", "{ckpt_dir}", "{nope}", cwd=tmp_path)
+    assert code == 2 and "command.argv" in err and "{nope}" in err
+    code, err = cli("--families", "kill,bogus", "--", "train.py", "{ckpt_dir}", cwd=tmp_path)
+    assert code == 2 and "--families bogus: unknown family" in err
+
+
+def test_pyproject_table_is_read_and_checked(tmp_path, cli):
     (tmp_path / "pyproject.toml").write_text('[tool.ckpt-chaos.audit]\nargv = ["train.py"]\nnproc = "two"\n')
-    p = audit(cwd=tmp_path)
-    assert p.returncode == 2 and "tool.ckpt-chaos.audit.nproc" in p.stderr and "nproc = 2" in p.stderr
+    code, err = cli(cwd=tmp_path)
+    assert code == 2 and "tool.ckpt-chaos.audit.nproc" in err and "nproc = 2" in err
     (tmp_path / "pyproject.toml").write_text('[tool.ckpt-chaos.audit]\nargv = ["train.py"]\nbogus = 1\n')
-    p = audit(cwd=tmp_path)
-    assert p.returncode == 2 and "tool.ckpt-chaos.audit.bogus: unknown key" in p.stderr
+    code, err = cli(cwd=tmp_path)
+    assert code == 2 and "tool.ckpt-chaos.audit.bogus: unknown key" in err
     # the table's command is the one audited: here it names no {ckpt_dir}, and the message names the file
     (tmp_path / "pyproject.toml").write_text('[tool.ckpt-chaos.audit]\nargv = ["train.py", "--steps", "3"]\n')
-    p = audit(cwd=tmp_path)
-    assert p.returncode == 2 and "pyproject.toml [tool.ckpt-chaos.audit]" in p.stderr and "{ckpt_dir}" in p.stderr
+    code, err = cli(cwd=tmp_path)
+    assert code == 2 and "pyproject.toml [tool.ckpt-chaos.audit]" in err and "{ckpt_dir}" in err
 
 
-def test_cli_a_command_that_fails_its_fault_free_run(tmp_path):
+def test_cli_a_command_that_fails_its_fault_free_run(tmp_path, cli):
     script = tmp_path / "broken.py"
     script.write_text("import sys\nprint('broken trainer: no such dataset', flush=True)\nsys.exit(3)\n")
-    p = audit("--launcher", "self", "--golden-dir", str(tmp_path / "golden"), "--out", str(tmp_path / "out"), "--",
-              "{python}", str(script), "{ckpt_dir}", cwd=tmp_path)
-    assert p.returncode == 2, p.stderr
-    assert "fault-free run failed (exit 3)" in p.stderr and "broken trainer: no such dataset" in p.stderr
+    code, err = cli("--launcher", "self", "--golden-dir", str(tmp_path / "golden"), "--out", str(tmp_path / "out"),
+                    "--", "{python}", str(script), "{ckpt_dir}", cwd=tmp_path)
+    assert code == 2, err
+    assert "fault-free run failed (exit 3)" in err and "broken trainer: no such dataset" in err
 
 
 # ---- end to end -----------------------------------------------------------------------------------------
