@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from ckpt_chaos import config
-from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, json_out,
-                                           project)
+from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
+                                           UsageError, json_out, project)
 
 TABLE = "tool.ckpt-chaos.audit"
 # [tool.ckpt-chaos.audit] key -> (type, example): the same settings as the options
@@ -83,6 +83,8 @@ def spec_of(args: argparse.Namespace):
     if unknown:
         raise UsageError(f"{proj.file}: {TABLE}.{unknown[0]}: unknown key; allowed keys: {', '.join(KEYS)}")
     given = {k: _table_value(proj.file, table, k) for k in table}
+    if "out" in given:  # as [tool.ckpt-chaos] out: relative to the pyproject.toml
+        given["out"] = str((proj.file.parent / given["out"]).resolve())
     source = "the command line" if argv else f"{proj.file} [{TABLE}]"
     if not argv:
         argv = given.get("argv", [])
@@ -97,7 +99,8 @@ def spec_of(args: argparse.Namespace):
         env[k] = v
     relaunch = shlex.split(args.relaunch_args) if args.relaunch_args is not None else given.get("relaunch_args", [])
     if not any("{ckpt_dir}" in a for a in [*argv, *env.values()]):
-        raise UsageError(("" if source == "the command line" else f"{source}: ") + "the command does not name {ckpt_dir}: put it where the trainer's checkpoint "
+        where = "" if source == "the command line" else f"{source}: "
+        raise UsageError(f"{where}the command does not name {{ckpt_dir}}: put it where the trainer's checkpoint "
                          "folder goes (e.g. --ckpt-dir {ckpt_dir}), so that each run writes its own checkpoints "
                          "where the harness watches them")
     declared = {k: v for k, v in (("complete", args.complete or given.get("complete")),
@@ -174,7 +177,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.no_run or not paths:
         return EXIT_OK
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        results = _run(paths, out, root, args.jobs or given.get("jobs", 1))
+        code, results = _run(paths, out, root, args.jobs or given.get("jobs", 1))
+    if code == EXIT_INTERRUPTED:
+        return code  # the suite runner said what it stopped and wrote its report
     cs = matrix.cells(gen, results)
     (out / "matrix.json").write_text(json_out_text({"profile": str(out / "profile.json"), "results": str(results),
                                                     "wall_s": round(time.monotonic() - started, 1), "cells": cs}))
@@ -196,15 +201,15 @@ def json_out_text(data) -> str:
     return json.dumps(data, indent=1) + "\n"
 
 
-def _run(paths: list[Path], out: Path, golden: Path, jobs: int) -> Path | None:
+def _run(paths: list[Path], out: Path, golden: Path, jobs: int) -> tuple[int, Path | None]:
     """Run the scenarios with ``ckpt-chaos run``'s suite runner (its progress, table and report);
-    the suite run's results.json."""
+    its exit status and the suite run's results.json."""
     from ckpt_chaos.cli import parser
     from ckpt_chaos.subcommands.run import cmd_run
 
     reports = out / "reports"
     args = parser().parse_args(["run", *map(str, paths), "--reports", str(reports), "--golden-dir", str(golden),
                                 "-n", str(jobs), "--plots", "none"])
-    cmd_run(args)
+    code = cmd_run(args)
     latest = reports / "custom" / "latest" / "results.json"
-    return latest if latest.is_file() else None
+    return code, latest if latest.is_file() else None
