@@ -373,3 +373,20 @@ def test_triggers_are_held_to_the_golden_run_they_came_from(tmp_path):
         g.left_out = None if g.family == "mid-write" else g.left_out
     mid = next(g for g in check(gen, tmp_path / "s", golden) if g.family == "mid-write")
     assert "the harness refuses its trigger" in mid.left_out and "step_00000009.pt" in mid.left_out
+
+
+def test_a_save_of_several_ranks_ends_at_the_next_step(tmp_path):
+    """Where every rank writes its own file, which one finishes last varies from run to run: the power
+    is cut as the next optimizer step begins, after the collectives that wait for them all."""
+    r = Records()
+    for s in range(1, 13):
+        r.step(s)
+        if s % 4 == 0:
+            for rank in (0, 1):
+                r.point(rank, "file.done", path=f"checkpoints/step_{s}/rank{rank}.pt", bytes=100, via="torch.save")
+    p = discover(r.write(tmp_path / "g", {}))
+    assert p.saves[1].ranks == [0, 1] and p.complete == "step_*"
+    assert p.saves[1].marks["end"] == {"point": "step.begin", "rank": 0, "step": 9}
+    assert p.saves[2].marks["end"]["point"] == "file.done"  # the last save: no next step to wait for
+    roles = [f.role for f in p.saves[1].roles]
+    assert roles == ["checkpoints/step_*/rank*.pt"]  # one role for both ranks' files: one mid-write kill

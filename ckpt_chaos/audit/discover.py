@@ -84,7 +84,8 @@ class Save:
     """How it becomes visible: in-place | rename | folder-rename, '+ pointer' when a pointer moves last."""
     marks: dict[str, dict] = field(default_factory=dict)
     """Triggers at events of it: ``before_commit`` (the last event before its rename or pointer),
-    ``commit`` (the rename or pointer write itself), ``end`` (its last event)."""
+    ``commit`` (the rename or pointer write itself), ``end`` (its last event; where several ranks
+    write, the next step's beginning, after them all)."""
 
     @property
     def ranks(self) -> list[int]:
@@ -315,6 +316,11 @@ def _marks(events: list[dict], timeline: dict, s: Save, ckpt: str) -> dict[str, 
     if not mine:
         return {}
     out = {"end": _trigger(events, mine[-1])}
+    later = any(e["point"] == "step.begin" and e["info"].get("step") == s.step + 1 for e in events)
+    if len(s.ranks) > 1 and later:
+        # ranks save side by side, and the one that finished last in the golden run may not finish last
+        # in another; the next optimizer step comes after the backward whose collectives wait for them all
+        out["end"] = {"point": "step.begin", "rank": 0, "step": s.step + 1}
     # the commit: the pointer's first event where it has one (its own temporary file is harmless),
     # else the rename that puts the checkpoint's entry (a file or a folder) in place
     entry = f"{ckpt}/{s.entry}" if s.entry else None

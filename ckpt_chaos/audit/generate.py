@@ -191,7 +191,8 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES) -> list[G
     for mode in ("undo", "entries-kept"):
         if end:
             add("power-loss", "after save", f"power loss {mode}",
-                f"power is cut right after {at} ends ({end['point']} of {end.get('path')}, rank {end['rank']}); "
+                f"power is cut right after {at} ends ({end['point']} of "
+                f"{end.get('path') or 'step ' + str(end.get('step'))}, rank {end['rank']}); "
                 f"mode {mode}: un-fsynced data lost, and directory entries no folder fsync made durable "
                 f"{'undone' if mode == 'undo' else 'kept'}", [{"kind": "power_loss", "mode": mode, "when": end}],
                 ["power-loss"])

@@ -42,8 +42,9 @@ def findings(cs: list[dict]) -> list[dict]:
     return [c for c in cs if c["verdict"] in FAILED]
 
 
-def table(cs: list[dict], width: int = 160):
+def table(cs: list[dict], width: int = 100):
     """The matrix as a rich table: a row per fault and point."""
+    from rich.markup import escape
     from rich.table import Table
 
     colour = {"pass": "green", "fail": "red", "xpass": "red", "unknown": "magenta", "error": "red",
@@ -55,5 +56,7 @@ def table(cs: list[dict], width: int = 160):
     for c in cs:
         v = c["verdict"]
         cause = f"{c['check']}: {c['detail']}" if c["check"] else c["detail"]
-        t.add_row(c["fault"], c["point"], f"[{colour.get(v, 'white')}]{v}[/]", cause[:width * 2])
+        if len(cause) > width:  # the findings below the table give it whole
+            cause = cause[:width - 3] + "..."
+        t.add_row(c["fault"], c["point"], f"[{colour.get(v, 'white')}]{v}[/]", escape(cause))
     return t
