@@ -101,7 +101,7 @@ def _command(p: Profile) -> dict:
     return out
 
 
-def _text(p: Profile, name: str, why: str, faults: list[dict], tags: list[str], storage: dict | None = None,
+def _text(p: Profile, why: str, faults: list[dict], tags: list[str], storage: dict | None = None,
           recovery: dict | None = None) -> str:
     lines = [f"# ckpt-chaos audit: {why}", "# Generated from the trainer's fault-free run; rerun with ckpt-chaos run.",
              f"description = {toml_value(why)}", f"tags = {toml_value(['audit', *tags])}",
@@ -127,7 +127,7 @@ def _reports_at_half(size: int) -> int:
     return n
 
 
-def _mid_write(p: Profile, s: Save, f: SeenFile, k: int) -> dict:
+def _mid_write(p: Profile, s: Save, f: SeenFile) -> dict:
     when = {"point": f.point, "rank": f.rank, "path": glob_escape(f.final), "min_fraction": 0.5}
     same = [x for x in _earlier(p, s) for g in x.files if g.final == f.final and g.rank == f.rank]
     if same:  # a file rewritten under the same name every save (a pointer): the k-th save's report
@@ -163,7 +163,7 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES) -> list[G
     def add(family: str, point: str, fault: str, why: str, faults: list[dict], tags: list[str], **kw) -> None:
         if family in families:
             n = f"{name}--{slug(family)}--{slug(fault + ' ' + point)}"
-            out.append(Generated(n, family, point, fault, _text(p, n, why, faults, tags, **kw)))
+            out.append(Generated(n, family, point, fault, _text(p, why, faults, tags, **kw)))
 
     def skip(family: str, point: str, fault: str, why: str) -> None:
         if family in families:
@@ -175,7 +175,7 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES) -> list[G
         add("mid-write", role, "kill at half",
             f"rank {f.rank} is SIGKILLed half-way through writing {f.final} ({f.size} bytes, written by "
             f"{f.writer}{' through faultfs, which sees native writers' if f.writer == NATIVE else ''}) in {at}",
-            [_mid_write(p, target, f, k)], ["mid-write"])
+            [_mid_write(p, target, f)], ["mid-write"])
 
     before = target.marks.get("before_commit")
     if before:
