@@ -123,11 +123,21 @@ chaos-examples: setup
 	  $(VENV)/bin/ckpt-chaos run --suite $(EXAMPLES_SUITE) $(addprefix --scenarios ,$(EXAMPLES)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
 	@$(TIMES) summary chaos-examples
 
+# Training stacks audited in examples/ (docs/analyses/) that make setup leaves out, so that CI neither
+# waits for them nor risks another torch: each extra goes into $(VENV) under constraints.txt, which pins
+# torch, and torch must still be the release CI runs afterwards. Nightly, through chaos-compat.
+STACKS ?= deepspeed
+.PHONY: stacks
+stacks: setup
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[$(STACKS)]' 2>&1 | { grep -v "is ignored" || true; }
+	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+
 # Trainers the probe layer finds hardest (examples/: a Hugging Face Trainer, a safetensors loop with a
-# DeepSpeed-style latest pointer, a trainer that reads its checkpoint in C++), each with a planted bug;
-# the compat suite of every examples/*/scenarios folder. Not run by CI.
+# DeepSpeed-style latest pointer, a trainer that reads its checkpoint in C++), each with a planted bug,
+# and the stacks (DeepSpeed's own save_checkpoint); the compat suite of every examples/*/scenarios
+# folder. Not run by CI.
 COMPAT := $(wildcard examples/*/scenarios)
-chaos-compat: setup
+chaos-compat: setup stacks
 	$(VENV)/bin/ckpt-chaos run --suite compat $(addprefix --scenarios ,$(COMPAT)) -n $(CHAOS_JOBS) $(CHAOS_FLAGS)
 
 # The idiom matrix (docs/idioms.md): each way of saving and resuming in examples/idioms/ under every fault
