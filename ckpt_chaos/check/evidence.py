@@ -328,7 +328,7 @@ class Evidence:
 
     def _loads(self, launch: int) -> tuple[list, list]:
         """The launch's loads a patch of the probe layer recognised (``load.begin``), but those that
-        raised (their ``load.end`` says ``failed``), and those that raised; rank 0's where it loaded."""
+        raised (their ``load.end`` says ``failed``), and those that raised; of every rank."""
         begun: dict[tuple[int, int], list] = {}
         ok, failed = [], []
         for h in self.run.probes():
@@ -343,20 +343,31 @@ class Evidence:
                 failed.append(b)
             elif begun.get((h.rank, h.pid)):
                 begun[(h.rank, h.pid)].pop()
-        return [h for h in ok if h.rank == 0] or ok, [h for h in failed if h.rank == 0] or failed
+        return ok, failed
 
     def _resumed_from(self, launch: int) -> Resume:
         first = self.first_step(launch)
-        loads, failed = self._loads(launch)
+        every_ok, every_failed = self._loads(launch)
+
+        def went_on(f) -> bool:  # its process loaded something after it that did not raise
+            return any(o.rank == f.rank and o.pid == f.pid and o.t > f.t for o in every_ok)
+
+        loads = [h for h in every_ok if h.rank == 0] or every_ok  # rank 0's where it loaded
+        failed = [h for h in every_failed if h.rank == 0] or every_failed
         reads = self.reads(launch)
-        files = sorted({r.path for r in reads})
+        # a file whose load raised in a process that loaded nothing after it was read, and that process
+        # ended in it (a rank that cannot load its own shard), whatever the other ranks went on to load
+        files = sorted({r.path for r in reads} | {f.info["path"] for f in every_failed
+                                                 if f.info.get("path") and not went_on(f)})
         if loads or failed:
             # the load that ended without an error is the resume; one that raised was tried and left
-            # (a fall back on an error), unless no load succeeded: the launch ended in it
+            # where its process went on to another load (a fall back on an error), unless no load
+            # succeeded: the launch ended in it
             h = (loads or failed)[0]
             path = h.info.get("path")
             tried = [] if not loads else list(dict.fromkeys(
-                self.checkpoint_of(f.info.get("path")) or f.info.get("path") for f in failed if f.t <= h.t))
+                self.checkpoint_of(f.info.get("path")) or f.info.get("path") for f in failed
+                if f.t <= h.t and went_on(f)))
             how = f"its {h.info.get('via', 'load')}" + (
                 f", after {', '.join(tried)} failed to load ({failed[0].info.get('via', 'load')})" if tried else "")
             return Resume(launch, True, self.checkpoint_of(path) or path, how, first, files, tried=tried)
