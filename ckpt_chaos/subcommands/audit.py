@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from ckpt_chaos import config
-from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
-                                           UsageError, json_out, project)
+from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNKNOWN,
+                                           EXIT_USAGE, UsageError, json_out, project)
 
 TABLE = "tool.ckpt-chaos.audit"
 # [tool.ckpt-chaos.audit] key -> (type, example): the same settings as the options
@@ -192,7 +192,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         f"{time.monotonic() - started:.0f}s; report: {results.parent / 'index.html' if results else '-'}")
     if args.json:
         json_out({"profile": profile.to_dict(), "cells": cs})
-    return EXIT_FAILED if found else EXIT_OK
+    # as run: a finding fails; cells that could not tell, with no finding beside them, are exit 4
+    return EXIT_FAILED if any(c["verdict"] != "unknown" for c in found) else EXIT_UNKNOWN if found else EXIT_OK
 
 
 def json_out_text(data) -> str:
