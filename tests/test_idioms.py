@@ -270,7 +270,6 @@ def test_the_model_declares_a_verdict_for_switch_sets_and_faults_the_corpus_does
 EXAMPLES = int(os.environ.get("IDIOMS_EXAMPLES", "1"))  # nightly: more, and IDIOMS_SEED to vary them
 
 
-@pytest.mark.nightly  # make test: the model's own tests and the smoke cell
 @pytest.mark.slow
 def test_the_judge_agrees_with_the_model_on_drawn_idioms(tmp_path_factory, golden_root):
     from hypothesis import HealthCheck, given, seed, settings
