@@ -6,7 +6,8 @@ blame a finding on the fault that explains it.
 
 from __future__ import annotations
 
-from ckpt_chaos.check.evidence import Evidence, within
+from ckpt_chaos.check.evidence import Evidence
+from ckpt_chaos.check.names import within
 from ckpt_chaos.check.history import Exited, FaultFired, trajectory, trajectory_records
 from ckpt_chaos.check.verdict import Report, Run
 from ckpt_chaos.faults.kind import FaultKind
@@ -149,7 +150,7 @@ def crash_states(run: Run, report: Report) -> None:
                        f"{last}, the newest checkpoint committed before the crash, or a newer one is valid")
         else:
             deleted = [r for r in retention if last in r.get("deleted", [])]
-            why = (f"; retention deleted it while the next save had not committed" if deleted else "")
+            why = ("; retention deleted it while the next save had not committed" if deleted else "")
             report.add("committed_survives", False, at=ex.launch, detail=
                        f"{last} was committed before the crash but is not valid after it, and nothing newer is"
                        f" ({snap['checkpoints'].get(last, 'gone')}){why}{blame(run, ex.t, last)}")

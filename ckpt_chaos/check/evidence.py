@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 
 from ckpt_chaos.check.history import read_jsonl, trajectory_records
+from ckpt_chaos.check.names import step_in_name, within
 from ckpt_chaos.probe import follow
 from ckpt_chaos.probe.run_files import FILES, LISTING, PROBE_LOG, TRAJECTORY
 
@@ -70,21 +70,6 @@ class Resume:
     def label(self) -> str:
         """For a report column: the checkpoint, "scratch", or "?"."""
         return "?" if not self.decided else self.checkpoint or "scratch"
-
-
-def within(path: str, entry: str) -> bool:
-    return path == entry or path.startswith(entry.rstrip("/") + "/")
-
-
-# a step in a checkpoint's name: step_8, global_step8, epoch=0-step=8, iter_0000008, HF's checkpoint-8
-# (not Accelerate's checkpoint_N, which counts saves)
-STEP_IN_NAME = re.compile(r"(?:step|iter)[_=-]?(\d+)|checkpoint-(\d+)", re.IGNORECASE)
-
-
-def step_in_name(checkpoint: str) -> int | None:
-    """The step a checkpoint's name records (the last one it names), or None."""
-    found = list(STEP_IN_NAME.finditer(checkpoint.rsplit("/", 1)[-1]))
-    return int(found[-1].group(1) or found[-1].group(2)) if found else None
 
 
 def _tried(reads: list[Read], chosen: str, checkpoint_of) -> list[str]:

@@ -8,7 +8,8 @@ given changed options (``config_refused``/``config_accepted``).
 from __future__ import annotations
 
 from ckpt_chaos.check.commits import blame, kind_of, power_loss, torn_in
-from ckpt_chaos.check.evidence import Evidence, within
+from ckpt_chaos.check.evidence import Evidence
+from ckpt_chaos.check.names import within
 from ckpt_chaos.check.history import launch_logs
 from ckpt_chaos.check.promises import refusal_problems, refused_keys
 from ckpt_chaos.check.trajectory import component_diff, exempt
