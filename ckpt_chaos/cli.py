@@ -248,7 +248,9 @@ def _jobs(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     from ckpt_chaos.scenario import ScenarioError
 
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    args.parse = p.parse_args  # for a command that runs another (audit runs run): no import of this module
     try:
         return args.func(args)
     except (UsageError, ScenarioError) as e:

@@ -177,7 +177,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.no_run or not paths:
         return EXIT_OK
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        code, results = _run(paths, out, root, args.jobs or given.get("jobs", 1))
+        code, results = _run(args.parse, paths, out, root, args.jobs or given.get("jobs", 1))
     if code == EXIT_INTERRUPTED:
         return code  # the suite runner said what it stopped and wrote its report
     cs = matrix.cells(gen, results)
@@ -202,14 +202,13 @@ def json_out_text(data) -> str:
     return json.dumps(data, indent=1) + "\n"
 
 
-def _run(paths: list[Path], out: Path, golden: Path, jobs: int) -> tuple[int, Path | None]:
-    """Run the scenarios with ``ckpt-chaos run``'s suite runner (its progress, table and report);
-    its exit status and the suite run's results.json."""
-    from ckpt_chaos.cli import parser
+def _run(parse, paths: list[Path], out: Path, golden: Path, jobs: int) -> tuple[int, Path | None]:
+    """Run the scenarios with ``ckpt-chaos run``'s suite runner (its progress, table and report), its
+    arguments parsed by ``parse`` (the CLI's parser's); its exit status and the suite run's results.json."""
     from ckpt_chaos.subcommands.run import cmd_run
 
     reports = out / "reports"
-    args = parser().parse_args(["run", *map(str, paths), "--reports", str(reports), "--golden-dir", str(golden),
+    args = parse(["run", *map(str, paths), "--reports", str(reports), "--golden-dir", str(golden),
                                 "-n", str(jobs), "--plots", "none"])
     code = cmd_run(args)
     latest = reports / "custom" / "latest" / "results.json"
