@@ -21,7 +21,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,6 +31,8 @@ sys.path.insert(0, str(HERE))
 import expect  # noqa: E402
 from expect import EVERY, STEPS, TARGET, Expected, Fault  # noqa: E402
 from idioms import IDIOMS, Idiom  # noqa: E402
+
+from ckpt_chaos.audit.generate import toml_value  # noqa: E402  (the audit's scenario files are written the same way)
 
 TRAINER_FILES = ("train.py", "saving.py", "loading.py")
 # the relative cost of a cell, for the sample: a faultfs mount makes a golden run of its own and slows
@@ -84,18 +86,6 @@ def sample(all_cells: list[Cell]) -> list[Cell]:
 
 
 # ---- scenario files ----------------------------------------------------------------------------------
-
-def toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
-    return "[" + ", ".join(toml_value(x) for x in v) + "]"
-
 
 def complete(i: Idiom) -> str | dict:
     """``command.complete``: the pointer, or a glob of the entries its saves make (a framework's own name)."""
