@@ -359,6 +359,35 @@ def test_small_audit_of_plain_ddp(tmp_path, command_golden_root):
     cells = json.loads(p.stdout)["cells"]
     assert {(c["fault"], c["verdict"]) for c in cells} == {("SIGKILL all", "pass"), ("kill", "pass")}
     assert (tmp_path / "matrix.json").is_file() and (tmp_path / "profile.json").is_file()
+    page = next(tmp_path.glob("reports/custom/*/index.html")).read_text()
+    assert page.count('<td class="pass"><a href="#') == 2, "the grid's cells open their scenarios' sections"
+
+
+def test_the_report_of_an_audit_is_headed_by_its_grid(tmp_path):
+    from ckpt_chaos.audit.matrix import GRID
+    from ckpt_chaos.report import results
+
+    def row(name, verdict):
+        return {"scenario": name, "verdict": verdict, "reason": "", "families": ["process"], "kinds": ["kill"],
+                "tags": [], "checks": [], "launches": 2, "wall_s": 3.0, "run_dir": ""}
+
+    cells = [{"scenario": "a-kill-mid-write-step", "fault": "kill at half", "point": "step_*.pt", "verdict": "fail",
+              "check": "no_torn_read@1", "detail": "it loaded step_8.pt, torn"},
+             {"scenario": "a-sigterm-all", "fault": "SIGTERM all", "point": "mid-epoch", "verdict": "pass",
+              "check": "", "detail": ""},
+             {"scenario": "a-inodes", "fault": "inodes full", "point": "step_*.pt", "verdict": "left out",
+              "check": "", "detail": "needs root"}]
+    (tmp_path / GRID).write_text(json.dumps({"cells": cells}))
+    page = results.write(tmp_path, "custom", [row("a-kill-mid-write-step", "fail"), row("a-sigterm-all", "pass")],
+                         wall_s=9.0, plots=False).read_text()
+    grid = page[page.index('<table id="audit-grid">'):page.index('<table id="scenarios">')]
+    # a row per fault, a column per point; a pair with no scenario is an empty cell
+    assert grid.count("<tr>") == 4 and "<th><code>step_*.pt</code></th><th><code>mid-epoch</code></th>" in grid
+    assert ('<td class="fail" title="no_torn_read@1: it loaded step_8.pt, torn"><a href="#a-kill-mid-write-step">'
+            'fail</a><br><small>no_torn_read@1</small></td><td></td>') in grid
+    assert '<td class="skipped" title="needs root">left out</td>' in grid
+    (tmp_path / GRID).write_text("{")  # a damaged file costs the grid, not the report
+    assert 'id="audit-grid"' not in results.rebuild(tmp_path, plots=False).read_text()
 
 
 def test_triggers_are_held_to_the_golden_run_they_came_from(tmp_path):

@@ -5,7 +5,9 @@ the slowest tests (setup, call and teardown together: a session fixture's golden
 first test that asks for it) and the slowest files, and compares them with the previous run; it
 writes every test's durations to ``--timings-json`` (``make test``: ``reports/timings/test.json``),
 first moving the file it replaces to ``*.prev.json``, the run the next one compares against. Under
-xdist it runs in the controller only, where every worker's reports arrive. Nothing here asserts a
+xdist it runs in the controller only, where every worker's reports arrive; each worker adds the CPU
+time a test took, its own and its reaped children's (trainer launches), which a loaded machine
+inflates far less than the wall time: the figure to cut when make test is over its budget. Nothing here asserts a
 time: the figures are for people (and docs/benchmarks.md), never for a verdict.
 
     .venv/bin/python -m pytest -n 2 tests -p tests.timings --timings-json reports/timings/test.json
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -37,6 +40,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("timings_json") and not hasattr(config, "workerinput"):  # the controller, or no xdist
         config.pluginmanager.register(Timings(config), "ckpt-chaos-timings")
+
+
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    if not item.config.getoption("timings_json"):
+        yield
+        return
+    item.stash[_CPU_AT_START] = _cpu_s()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    if call.when == "teardown" and _CPU_AT_START in item.stash:
+        outcome.get_result().user_properties.append(("cpu_s", round(_cpu_s() - item.stash[_CPU_AT_START], 2)))
+
+
+_CPU_AT_START = pytest.StashKey[float]()
 
 
 def fmt(s: float) -> str:
@@ -98,6 +125,9 @@ class Timings:
         if worker is not None:
             t["worker"] = worker.id
         t["outcome"] = _outcome(report, t["outcome"])
+        for key, value in report.user_properties:
+            if key == "cpu_s":
+                t["cpu_s"] = value
 
     def record(self, exitstatus: int) -> dict:
         end = time.time()
@@ -113,6 +143,7 @@ class Timings:
                        "tests_s": round((self.last or end) - first, 1),
                        "teardown_and_summary_s": round(end - (self.last or end), 1)},
             "test_time_s": round(sum(t["s"] for t in self.tests.values()), 1),
+            "test_cpu_s": round(sum(t.get("cpu_s", 0) for t in self.tests.values()), 1),
             "counts": _counts(self.tests), "tests": dict(sorted(self.tests.items())),
         }
 

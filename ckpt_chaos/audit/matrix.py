@@ -38,6 +38,19 @@ def cells(gen: list[Generated], results: Path | None) -> list[dict]:
     return [cell(g, rows.get(g.name)) for g in gen]
 
 
+GRID = "audit.json"
+"""The cells, beside the suite run's results.json: its HTML report draws them as a grid."""
+
+
+def grid(cs: list[dict]) -> dict:
+    """The cells as the HTML report's grid: a row per fault, a column per point, in the order the
+    suite was generated; a pair with no scenario has no cell."""
+    faults = list(dict.fromkeys(c["fault"] for c in cs))
+    points = list(dict.fromkeys(c["point"] for c in cs))
+    at = {(c["fault"], c["point"]): c for c in cs}
+    return {"points": points, "rows": [(f, [at.get((f, p)) for p in points]) for f in faults]}
+
+
 def findings(cs: list[dict]) -> list[dict]:
     return [c for c in cs if c["verdict"] in FAILED]
 

@@ -337,11 +337,26 @@ def render(out: Path, suite: str, results: list[dict], wall_s: float, plots: boo
     cov = out / "coverage" / "summary.json"
     coverage = json.loads(cov.read_text()).get("checkpoint_path") if cov.is_file() else None
     html = _TEMPLATE.render(suite=suite, wall_s=wall_s, rows=rows, counts=counts, families=families, coverage=coverage,
+                            grid=_audit_grid(out),
                             failing=sum(1 for r in results if failed(r)),
                             generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                             tool_version=__version__)
     (out / "index.html").write_text(html)
     return out / "index.html"
+
+
+def _audit_grid(out: Path) -> dict | None:
+    """The fault x point grid of an audit's suite run (``ckpt-chaos audit`` leaves its cells beside
+    results.json), else None."""
+    from ckpt_chaos.audit.matrix import GRID, grid
+
+    path = out / GRID
+    if not path.is_file():
+        return None
+    try:
+        return grid(json.loads(path.read_text())["cells"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # the grid heads the page; a damaged file leaves the rest of the report as it was
 
 
 def rebuild(results_dir: Path, plots: bool = True) -> Path:
@@ -487,6 +502,13 @@ of {{ rows|length }} scenarios could not run here (skipped){% else %}all {{ rows
 {{ fam }}: {{ c.pass or 0 }} passed{% if c.fail %}, {{ c.fail }} failed{% endif %}{% if c.skipped %}, {{ c.skipped }} skipped{% endif %}{{ others(c) }}</span>{% endfor %}</div>
 {% if coverage %}<p id="coverage"><a href="coverage/index.html">Trainer coverage</a> under these scenarios{% if coverage.statements %}:
 checkpoint path {{ coverage.line_percent|fmt }} % of lines, {{ coverage.branch_percent|fmt }} % of branches{% endif %}</p>{% endif %}
+{% if grid %}<h2 id="audit">Audit: fault &times; point</h2>
+<table id="audit-grid"><thead><tr><th>fault \\ point</th>{% for p in grid.points %}<th><code>{{ p }}</code></th>{% endfor %}</tr></thead><tbody>
+{% for fault, cells in grid.rows %}<tr><th>{{ fault }}</th>{% for c in cells %}{% if not c %}<td></td>
+{%- elif c.verdict == "left out" %}<td class="skipped" title="{{ c.detail }}">left out</td>
+{%- else %}<td class="{{ c.verdict }}" title="{{ (c.check ~ ': ' if c.check else '') ~ c.detail }}"><a href="#{{ c.scenario }}">{{ c.verdict }}</a>{% if c.check %}<br><small>{{ c.check }}</small>{% endif %}</td>
+{%- endif %}{% endfor %}</tr>
+{% endfor %}</tbody></table>{% endif %}
 <input id="filter" placeholder="filter: a scenario name, verdict, fault kind or family" aria-label="filter">
 <table id="scenarios"><thead><tr><th>scenario</th><th>verdict</th><th>faults</th><th>resumed from</th>
 <th>launches</th><th>steps lost</th><th>detect (s)</th><th>recover (s)</th><th>save stall (s)</th><th>wall (s)</th></tr></thead><tbody>

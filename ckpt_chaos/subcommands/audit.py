@@ -183,6 +183,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
     cs = matrix.cells(gen, results)
     (out / "matrix.json").write_text(json_out_text({"profile": str(out / "profile.json"), "results": str(results),
                                                     "wall_s": round(time.monotonic() - started, 1), "cells": cs}))
+    if results is not None:  # the suite's HTML report, headed by the grid
+        from ckpt_chaos.report.results import rebuild
+
+        (results.parent / matrix.GRID).write_text(json_out_text({"cells": cs}))
+        rebuild(results.parent, plots=False)
     console.print(matrix.table(cs))
     found = matrix.findings(cs)
     for c in found:
