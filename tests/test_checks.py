@@ -99,6 +99,22 @@ def test_the_verdict_is_the_worst_check_and_not_applicable_counts_as_nothing():
         report.add("x", "maybe", "")
 
 
+def test_a_failures_headline_is_its_root_check_with_what_failed_after_it_named():
+    # in the order a [command] trainer's judge makes them: the job's end first, the torn file's root last
+    report = Report()
+    report.add("job_completed", False, "launch 1 exited 1")
+    report.add("no_torn_read", False, "it loaded checkpoints/step_8.pt, torn (4096 of 8192 bytes)", at=1)
+    report.add("trajectory", "unknown", "the relaunch trained no step")
+    report.add("retention", False, "3 checkpoints kept, 2 promised")
+    report.add("committed_valid", False, "checkpoints/step_8.pt is torn (4096 of 8192 bytes)")
+    report.add("landed", True, "at 50%", fault=0)
+    assert report.reason == ("committed_valid: checkpoints/step_8.pt is torn (4096 of 8192 bytes) "
+                             "(and then no_torn_read@1, retention, job_completed)")
+    # where nothing failed, what could not tell, in the same order
+    unknown = Report(checks=[c for c in report.checks if c.verdict != "fail"])
+    assert unknown.reason == "trajectory: the relaunch trained no step (could not tell)"
+
+
 def test_a_check_carries_what_it_is_about_as_fields():
     report = Report()
     report.add("surfaced", False, "swallowed", fault=2)

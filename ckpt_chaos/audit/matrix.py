@@ -1,6 +1,6 @@
 """The audit's matrix: each generated scenario's verdict, by fault and point, with the cause of each
-failure (the first failing check that says what, in the order the judge gives them: the job's own
-outcome says only that something failed)."""
+failure (its root: the first failing check in causal order, ``check.verdict.causal``; the job's own
+outcome comes last, as it says only that something failed)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 
 from ckpt_chaos.audit.generate import Generated
-
-OUTCOME = ("job_completed",)
+from ckpt_chaos.check.verdict import causal
 FAILED = ("fail", "xpass", "unknown", "error")
 
 
@@ -22,8 +21,9 @@ def cell(g: Generated, row: dict | None) -> dict:
         return {**out, "verdict": "error", "check": "", "detail": "no result: the run stopped before it",
                 "run_dir": ""}
     checks = row.get("checks") or []
-    failing = [c for c in checks if c.get("verdict") == "fail"] or [c for c in checks if c.get("verdict") == "unknown"]
-    first = next((c for c in failing if c["name"] not in OUTCOME), failing[0] if failing else None)
+    failing = causal([c for c in checks if c.get("verdict") == "fail"]) or \
+        causal([c for c in checks if c.get("verdict") == "unknown"])
+    first = failing[0] if failing else None
     verdict = row.get("verdict", "error")
     detail = (first or {}).get("detail") or (row.get("reason") or "" if verdict != "pass" else "")
     return {**out, "verdict": verdict, "check": (first or {}).get("name", ""), "detail": detail,

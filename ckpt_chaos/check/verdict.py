@@ -33,6 +33,29 @@ class Check:
     at: str | None = None  # what it is about otherwise: a launch, a checkpoint, a view
 
 
+# What a failing check follows from, first to last: the harness and the faults themselves; what the
+# crash left on disk and in the remote tier; which checkpoint the relaunch took and what it restored;
+# the training that followed; what the job made of it. A check not named here (retention, strays,
+# timings, promises) is a fault of its own, put after the training and before the job's end.
+CAUSAL = ("harness_ok", "no_hang", "fault_fired", "fault_landed",
+          "committed_survives", "latest_valid", "committed_valid", "manifest_facts", "uploaded_durable",
+          "remote_durable_complete", "final_durable", "restored_durable", "restored_in_place",
+          "resumed_newest_valid", "resumed_newest", "never_loaded_torn", "no_torn_read", "resume_from",
+          "loaded_equals_saved", "config_refused", "config_accepted", "trajectory", "final_state", "lost_work")
+OUTCOMES = ("fault_job_failed", "fault_sigterm_honoured", "job_completed")
+
+
+def causal(checks: list) -> list:
+    """``checks`` (``Check``s, or the dicts a result stores) in causal order (``CAUSAL``), the judge's
+    order among equals: a failure's root first."""
+    def rank(c) -> int:
+        identity = (c.get("check") or c.get("name")) if isinstance(c, dict) else (c.check or c.name)
+        if identity in CAUSAL:
+            return CAUSAL.index(identity)
+        return len(CAUSAL) + 1 + OUTCOMES.index(identity) if identity in OUTCOMES else len(CAUSAL)
+    return sorted(checks, key=rank)
+
+
 @dataclass
 class Report:
     checks: list[Check] = field(default_factory=list)
@@ -54,9 +77,15 @@ class Report:
 
     @property
     def reason(self) -> str:
-        bad = [c for c in self.checks if c.verdict in ("fail", "unknown")]
-        return "; ".join(f"{c.name}: {c.detail}" + (" (could not tell)" if c.verdict == "unknown" else "")
-                         for c in bad)
+        """The failure's cause in one line: the root failing check (``causal``'s first) with its detail,
+        then the names of the checks that failed after it, whose details the checks themselves hold;
+        where nothing failed, the checks that could not tell."""
+        bad = causal([c for c in self.checks if c.verdict == "fail"]) or \
+            causal([c for c in self.checks if c.verdict == "unknown"])
+        if not bad:
+            return ""
+        root = f"{bad[0].name}: {bad[0].detail}" + (" (could not tell)" if bad[0].verdict == "unknown" else "")
+        return root + (f" (and then {', '.join(c.name for c in bad[1:])})" if bad[1:] else "")
 
     def add(self, check: str, verdict: bool | str, detail: str, *, fault: int | None = None,
             at: object = None) -> None:

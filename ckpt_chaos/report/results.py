@@ -37,6 +37,7 @@ from pathlib import Path
 from jinja2 import Environment, Undefined, select_autoescape
 
 from ckpt_chaos import __version__
+from ckpt_chaos.check.verdict import causal
 from ckpt_chaos.probe.run_files import RESULT
 
 SCHEMA_VERSION = 1
@@ -325,7 +326,8 @@ def render(out: Path, suite: str, results: list[dict], wall_s: float, plots: boo
             made = plot_scenario(run_dir)
         else:  # keep what an earlier build drew
             made = {k: f for k, f in (("loss", "loss.svg"), ("timeline", "timeline.svg")) if (run_dir / f).is_file()}
-        bad = [c for c in r.get("checks", []) if c["verdict"] in ("fail", "unknown")]
+        bad = causal([c for c in r.get("checks", []) if c["verdict"] == "fail"]) + \
+            causal([c for c in r.get("checks", []) if c["verdict"] == "unknown"])
         rows.append({**r, "plots": made, "failed": bad, "has_dir": run_dir.is_dir()})
     families: dict[str, dict[str, int]] = {}
     counts: dict[str, int] = {"pass": 0, "fail": 0, "skipped": 0}
