@@ -31,4 +31,7 @@ PROFILE = TrainerProfile(
     retention=_retention,
     reserved={"run_dir": "set by the harness"},
     manifest=True,
+    # per-rank streams cannot be mapped onto another number of ranks: after a world-size change every rank
+    # reseeds from (seed, step, rank) (state.restore_rank_rng; docs/trainer.md#world-size-change)
+    resize_rng="reseed",
 )

@@ -86,7 +86,7 @@ GOLDEN_OF_THE_REFERENCE = frozenset({
     # the resume: what it compares, validates, loads, keeps aside or restores (a fresh start finds nothing)
     "accepts_any_config", "refuses_any_config_change", "refuses_only_lr", "deletes_rejected",
     "ignores_manifest_step", "load_error_rejects_checkpoint", "loader_not_restored", "old_format_unchecked",
-    "reads_only_its_own_format", "restore_needs_remote", "restore_tries_newest_only",
+    "reads_only_its_own_format", "restore_needs_remote", "restore_tries_newest_only", "rng_of_rank_modulo_old_world",
     # the uploader and the remote tier, which the golden run leaves out
     "drain_ignores_grace", "drain_without_respawn", "gives_up_an_upload_early", "remote_delete_keeps_data",
     "retries_without_waiting", "staging_needs_hard_links", "upload_progress_in_percent",

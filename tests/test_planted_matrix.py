@@ -116,6 +116,8 @@ CATCHES: dict[str, tuple[str | None, str]] = {
                                 "test_harness_planted_bugs.py::test_a_restore_that_trusts_what_it_downloaded_is_caught"),
     "retries_without_waiting": ("remote/upload-reset-mid-manifest.toml",
                                 "test_harness_planted_bugs.py::test_an_uploader_that_retries_without_its_backoff_is_caught"),
+    "rng_of_rank_modulo_old_world": ("process/kill-node-resume-on-two-of-four.toml",
+                                     "test_resize_rng.py::test_rank_r_restoring_saved_rank_r_mod_old_world_s_rng_is_caught"),
     "rng_not_restored": (None, "test_trainer_resume.py::test_bit_exact_check_catches_planted_bug"),
     "rng_not_saved": ("process/kill-rank1-mid-shard-write.toml",
                       "test_harness_planted_bugs.py::test_rng_not_saved_is_caught_and_named"),

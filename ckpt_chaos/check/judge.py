@@ -25,7 +25,7 @@ from ckpt_chaos.check.promises import (committed_kept, final_directory, carries_
 from ckpt_chaos.check.remote import remote_tier
 from ckpt_chaos.check.resume import cadence, config_changes, loaded_equals_saved, lost_work, resume_from, resumes
 from ckpt_chaos.check.timings import reported_timings, timings
-from ckpt_chaos.check.trajectory import trajectory_check
+from ckpt_chaos.check.trajectory import resize_rng, trajectory_check
 from ckpt_chaos.check.verdict import CheckSpec, Report, Run
 from ckpt_chaos.scenario import Scenario
 
@@ -94,6 +94,7 @@ REFERENCE: tuple[CheckSpec, ...] = (
     CheckSpec("trajectory", _always, trajectory_check),
     CheckSpec("final_state", lambda s: s.expect.trajectory == "bit-exact", trajectory_check),
     CheckSpec("loaded_equals_saved", resumed, loaded_equals_saved),
+    CheckSpec("resize_rng", lambda s: resumed(s) and s.resumed_world_size() != s.world_size, resize_rng),
     CheckSpec("resumed_newest_valid", harness_relaunch, resumes),
     CheckSpec("never_loaded_torn", lambda s: harness_relaunch(s) and s.expect.resume_from is not None, resumes),
     CheckSpec("resume_from", lambda s: resumed(s) and s.expect.resume_from is not None, resume_from),

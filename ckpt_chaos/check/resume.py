@@ -206,7 +206,7 @@ def loaded_equals_saved(run: Run, report: Report) -> None:
                    f"state loaded from {load['name']} differs from the state saved in: {', '.join(diff)} "
                    f"({', '.join(same)} identical)" if diff else
                    f"{', '.join(same)} identical to the state saved" + (
-                       " (RNG reseeded: world size changed)" if exempt(load) else ""))
+                       " (the world size changed: resize_rng judges the RNG)" if exempt(load) else ""))
 
 
 def _newest(*names: str | None) -> str | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ckpt_chaos.check.evidence import Evidence, Resume
 from ckpt_chaos.check.history import final_state, read_jsonl, step_loss, trainer_events, trajectory
-from ckpt_chaos.check.verdict import Report, Run
+from ckpt_chaos.check.verdict import Report, Run, first_few
 from ckpt_chaos.probe.run_files import EVENTS, GOLDEN, TRAJECTORY
 
 
@@ -23,7 +23,8 @@ EXACT_FIELDS = ("loss_hex", "grad_norm_hex", "lr_hex", "batch_digest", "tokens_s
 COMPONENTS = ("model", "optimizer", "scheduler", "counters", "dataloader", "rng", "grads")
 
 
-# After a world-size change the per-rank RNG streams are reseeded by design (README).
+# After a world-size change the job's RNG digest (over its ranks' streams) cannot equal the saved one:
+# resize_rng judges, rank by rank, whose stream each went on with.
 WORLD_CHANGE_EXEMPT = ("rng",)
 
 
@@ -290,3 +291,101 @@ def _resume_before(run: Run, ev: Evidence, step: int) -> tuple[int, int, Resume]
         if begins and begins[0] <= step:
             best = (launch, begins[0], ev.resumed_from(launch))
     return best
+
+
+# ---- whose random stream each rank goes on with after a world-size change ----------------------------
+
+RULES = {"keep": "a rank that was there before goes on with its own saved stream, a new rank with a fresh one",
+         "reseed": "every rank goes on with a fresh stream of its own",
+         "shared": "every rank goes on with the one stream the saved ranks shared"}
+
+
+def resize_rng(run: Run, report: Report) -> None:
+    """``resize_rng@NAME``: after a resume from ``NAME`` at another world size, whose random stream each
+    rank went on with follows the rule the trainer declares (its profile's ``resize_rng``), judged from the
+    digests the probe took of each rank's streams where the save captured them (``ckpt.stage``, in the
+    launch that committed it) and where the load had restored them (``load.end``)."""
+    from ckpt_chaos.probe.profile import profile_of
+
+    p = profile_of(run.s)
+    for load in run.trainer("loaded"):
+        old, new = load.get("saved_world_size"), load.get("world_size")
+        if old is None or new is None or old == new:
+            continue
+        name, launch = load["name"], load.get("attempt", 0)
+        verdict, detail = resize_verdict(p.resize_rng if p is not None else None, old, new,
+                                         saved_streams(run, name, launch, load.get("t", float("inf"))),
+                                         restored_streams(run, name, launch))
+        report.add("resize_rng", verdict, at=name, detail=f"launch {launch} resumed from {name}, saved by {old} "
+                   f"rank(s), on {new}: {detail}")
+
+
+def saved_streams(run: Run, name: str, launch: int, before: float) -> dict[int, str | None]:
+    """Rank -> the digest of its streams as the save of ``name`` captured them, in the last launch before
+    ``launch`` that committed it (else that staged it) before time ``before``."""
+    from ckpt_chaos.check.promises import commits
+
+    staged = [h for h in run.probes("ckpt.stage") if h.info.get("name") == name and h.launch < launch and h.t < before]
+    committed = {c.launch for c in commits(run) if c.name == name and c.launch < launch and c.t < before}
+    by = [h for h in staged if h.launch in committed] or staged
+    last = max((h.launch for h in by), default=None)
+    return {h.rank: h.info.get("rng") for h in sorted(by, key=lambda h: h.t) if h.launch == last}
+
+
+def restored_streams(run: Run, name: str, launch: int) -> dict[int, str | None]:
+    """Rank -> the digest of its streams once launch ``launch`` had loaded ``name``."""
+    return {h.rank: h.info.get("rng") for h in sorted(run.probes("load.end"), key=lambda h: h.t)
+            if h.launch == launch and h.info.get("name") == name}
+
+
+def resize_verdict(rule: str | None, old: int, new: int, saved: dict[int, str | None],
+                   got: dict[int, str | None]) -> tuple[str, str]:
+    """The verdict and its detail on the streams ``got`` (rank -> digest) that ``new`` ranks went on with,
+    resumed from ``saved`` (rank -> digest) of ``old`` ranks, under the declared ``rule`` (``RULES``)."""
+    if rule not in RULES:
+        return "unknown", ("the trainer declares no rule for its random streams after a world-size change "
+                           "(resize_rng in its profile: keep, reseed or shared)")
+    missing = [f"saved rank {r}" for r in range(old) if not saved.get(r)]
+    missing += [f"rank {r} after the load" for r in range(new) if not got.get(r)]
+    if missing:
+        return "unknown", (f"the probe recorded no digest of the random streams of {', '.join(missing)} (ckpt.stage "
+                           "where the save captured them, load.end where the load restored them): whose stream each "
+                           "rank went on with is not known")
+    owner: dict[str, int] = {}
+    for r in range(old):
+        owner.setdefault(saved[r], r)
+
+    def twins(r: int) -> list[int]:
+        return [k for k in range(new) if k != r and got[k] == got[r]]
+
+    def whose(r: int) -> str:
+        if got[r] in owner:
+            return f"saved rank {owner[got[r]]}'s stream"
+        return f"the stream of rank {twins(r)[0]}" if twins(r) else "a stream of its own"
+
+    problems = []
+    if rule == "shared" and len(set(saved[r] for r in range(old))) > 1:
+        problems.append("the saved ranks' streams differ, though the trainer declares them shared")
+    for r in range(new):
+        if rule == "shared":
+            if got[r] != saved[0]:
+                problems.append(f"rank {r} went on with {whose(r)}, not the stream the saved ranks shared")
+        elif rule == "keep" and r < old:
+            if got[r] != saved[r]:
+                problems.append(f"rank {r}, there before the change, went on with {whose(r)} instead of its own "
+                                "saved stream")
+        elif got[r] in owner:
+            src = "its own saved stream" if owner[got[r]] == r else f"a copy of saved rank {owner[got[r]]}'s stream"
+            problems.append(f"{'new ' if r >= old else ''}rank {r} went on with {src}, not a fresh one")
+        elif twins(r):
+            problems.append(f"rank {r} went on with the same stream as rank {twins(r)[0]}, not a fresh one of its own")
+    if problems:
+        return "fail", first_few(problems) + f" (the trainer declares {rule}: {RULES[rule]})"
+    if rule == "shared":
+        return "pass", f"every rank went on with the stream the {old} saved rank(s) shared, as the trainer declares"
+    kept = [r for r in range(min(old, new))] if rule == "keep" else []
+    fresh = [r for r in range(new) if r not in kept]
+    said = ([f"rank(s) {', '.join(map(str, kept))} with their own saved streams"] if kept else []) + (
+        [f"rank(s) {', '.join(map(str, fresh))} with fresh streams, none a copy of a saved rank's or of another "
+         "rank's"] if fresh else [])
+    return "pass", " and ".join(said) + f", as the trainer declares ({rule})"

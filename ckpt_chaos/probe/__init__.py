@@ -168,12 +168,36 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# Where a save captures each rank's random streams and where a load has restored them: the probe
+# digests this process's streams there, so that a check can tell, rank by rank, whose stream each rank
+# went on with after a resume at another world size (check/trajectory.py: resize_rng).
+RNG_POINTS = ("ckpt.stage", "load.end")
+
+
+def rng_digest() -> str:
+    """One digest of the random streams this process draws from on the CPU: torch's and NumPy's where
+    the process imported them, and Python's. Neither imports nor draws from any of them."""
+    import hashlib
+    import random
+
+    h = hashlib.sha256(repr(random.getstate()).encode())
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_rng_state"):
+        h.update(torch.get_rng_state().numpy().tobytes())
+    np = sys.modules.get("numpy")
+    if np is not None and hasattr(np, "random"):
+        h.update(repr(np.random.get_state()).encode())
+    return h.hexdigest()[:16]
+
+
 def point(name: str, /, **info) -> None:
     """Report that this process reached the named point; returns when the controller says so."""
     controller = _this_process()
     if controller is None:
         return
     _save_coverage()
+    if name in RNG_POINTS and "rng" not in info:
+        info["rng"] = rng_digest()
     controller.report(name, info)
 
 

@@ -48,6 +48,14 @@ class TrainerProfile:
     manifest: bool = False
     """Its checkpoints carry the reference layout's manifest (``ckpt_chaos.probe.layout``): tokens seen and
     world size, which ``manifest_facts`` holds to the run."""
+    resize_rng: str = "keep"
+    """Whose random streams each rank goes on with after a resume at another world size (``RESIZE_RNG``):
+    ``keep``, a rank that was there before its own saved stream and a new rank a fresh one; ``reseed``,
+    every rank a fresh one; ``shared``, every rank the one stream the saved ranks shared. A fresh stream
+    is never a copy of a saved rank's or of another rank's."""
+
+
+RESIZE_RNG = ("keep", "reseed", "shared")
 
 
 def profile_of(s: Any) -> TrainerProfile | None:
