@@ -1,8 +1,8 @@
 """The corpus of save idioms (examples/idioms/, docs/idioms.md): its model of crash semantics agrees
 with what each idiom declares, every idiom's trainer restores exactly what it saved, every cell's
 scenario loads, and cells of the matrix run through ckpt-chaos with the verdict the model declares
-(a few in make test, the sample nightly, the whole matrix in make idioms); a model-based test draws
-idioms and faults the corpus does not name."""
+(the sample nightly, the whole matrix in make idioms); a model-based test draws idioms and faults the
+corpus does not name (one example in make test)."""
 
 from __future__ import annotations
 
@@ -200,9 +200,9 @@ def test_every_idiom_of_the_trainer_restores_what_it_saved(tmp_path):
 
 # ---- cells through the harness ---------------------------------------------------------------------------
 
-# make test's share (with the model-based test's one example): a correct idiom whose golden run sees its
-# renames only through faultfs, a write -> fsync -> close -> rename inside a checkpoint folder, which
-# the judge once took for a checkpoint missing its files; the sample (nightly) has the rest
+# a correct idiom whose golden run sees its renames only through faultfs, a write -> fsync -> close ->
+# rename inside a checkpoint folder, which the judge once took for a checkpoint missing its files; the
+# sample (nightly) has the rest
 SMOKE = [("bytesio_os_write/tmp_fsync_rename/per_rank_files+pointer_atomic/pointer", "kill_faultfs_write:step_8/rank1.pt")]
 
 
@@ -214,6 +214,7 @@ def check_cell(c: matrix.Cell, tmp_path, golden_root) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.nightly  # make test: test_save_idioms_evidence's atomic save on faultfs is this cell's class
 @pytest.mark.parametrize("idiom, fault", SMOKE, ids=[f"{i}--{f}" for i, f in SMOKE])
 def test_a_cell_of_the_matrix_gets_the_verdict_the_model_declares(idiom, fault, tmp_path, golden_root):
     check_cell(by(idiom, fault), tmp_path, golden_root)
