@@ -360,6 +360,10 @@ def _check_command(s: Scenario) -> None:
     if s.cluster.multi_node or s.remote is not None:
         raise _error(src, "cluster" if s.cluster.multi_node else "remote", "a [command] trainer runs on the local "
                      "backend without a remote tier", "drop the table")
+    if s.recovery.relaunch == "self" and (c.launcher != "self" or s.recovery.changes or s.recovery.world_size):
+        raise _error(src, "recovery.relaunch", "\"self\" is a trainer that restarts its own workers, started as "
+                     "it is, with nothing changed", "use command.launcher = \"self\" and no recovery.changes or "
+                     "recovery.world_size, or relaunch = \"harness\"")
     if c.launcher == "self" and s.recovery.relaunch == "torchrun":
         raise _error(src, "recovery.relaunch", "torchrun restarts need torchrun as the launcher",
                      "use relaunch = \"harness\", or command.launcher = \"torchrun\"")
@@ -394,7 +398,7 @@ def _check_command(s: Scenario) -> None:
                          f"{', '.join(EXTERNAL_POINTS)})")
 
 
-COMPLETE_KEYS = ("pointer", "format")  # command.complete as a table: the checkpoint a pointer file names
+COMPLETE_KEYS = ("pointer", "format", "json")  # command.complete as a table: the checkpoint a pointer file names
 
 
 def _in_folder(path: str) -> bool:
@@ -424,6 +428,10 @@ def _check_complete(src: str, complete: str | dict[str, Any]) -> None:
     if not isinstance(pointer, str) or not _in_folder(pointer) or any(ch in pointer for ch in "*?["):
         raise _error(src, f"{key}.pointer", f"{pointer!r} is not one file inside ckpt_dir",
                      f"name a file, relative to ckpt_dir and without wildcards, e.g. {pointer_example}")
+    field = complete.get("json")
+    if field is not None and (not isinstance(field, str) or not all(field.split("."))):
+        raise _error(src, f"{key}.json", f"{field!r} is not a dotted key", "name the value in the pointer's JSON "
+                     "that holds the checkpoint's name, e.g. json = \"latest_checkpoint_result.checkpoint_dir_name\"")
     if "format" not in complete:
         return
     fmt = complete["format"]

@@ -34,7 +34,7 @@ Point = Literal[POINTS + EXTERNAL_POINTS + AUTO_POINTS]
 FileSystem = Literal["host", "tmpfs", "ext4"]
 Backend = Literal["local", "docker", "netns", "slurm"]
 Launcher = Literal["torchrun", "self"]
-Relaunch = Literal["harness", "torchrun", "none"]
+Relaunch = Literal["harness", "torchrun", "self", "none"]
 Trajectory = Literal["bit-exact", "tolerance"]
 # What a value of each set is called in messages ("unknown backend 'k8s'").
 CHOICE_NAMES: dict[Any, str] = {KindName: "fault kind", Point: "probe point", FileSystem: "file system",
@@ -245,7 +245,9 @@ class Recovery:
     """``[recovery]``: how the job is relaunched after the fault."""
 
     relaunch: Relaunch = "harness"
-    """harness | torchrun (its own --max-restarts; on a multi-node cluster, --nnodes=MIN:MAX) | none."""
+    """harness | torchrun (its own --max-restarts; on a multi-node cluster, --nnodes=MIN:MAX) | self (a
+    [command] trainer that restarts its own workers, Ray Train's FailureConfig: the launch does not end,
+    and the probe layer counts each rank's restarts) | none."""
     max_restarts: int = 1
     """Relaunches allowed; a fault's attempt must not exceed it."""
     world_size: int | None = None
@@ -254,6 +256,13 @@ class Recovery:
     """Trainer keys an operator changes before each relaunch (the first table: the first relaunch);
     a relaunch past the list runs the scenario's own [trainer] again. A [command] trainer gets them
     on its command line (command.change_argv), its keys spelled as its options are."""
+
+
+    @property
+    def in_launch(self) -> bool:
+        """Restarts happen inside the harness's one launch (torchrun's, or the trainer's own), with no
+        snapshot of the disk between them and no exit status of their own."""
+        return self.relaunch in ("torchrun", "self")
 
 
 @dataclass

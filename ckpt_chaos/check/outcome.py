@@ -361,10 +361,11 @@ def _job_failed(run: Run, report: Report, h, fault) -> None:
     if want is None:
         return  # whether the job stops is the trainer's policy; the kind's effect check sees it said so
     ex = run.exit_of(h.launch)
-    if run.s.command is None and (ex is None or run.s.recovery.relaunch == "torchrun"):
+    if run.s.recovery.relaunch == "self" or (run.s.command is None and (ex is None or run.s.recovery.relaunch == "torchrun")):
         later = [x for x in run.launches() if x > h.launch]
+        who = "the trainer" if run.s.recovery.relaunch == "self" else "torchrun"
         report.add("job_failed", bool(later) == want, fault=h.index,
-                   detail="torchrun restarted the workers" if later else "no restart followed the fault")
+                   detail=f"{who} restarted the workers" if later else "no restart followed the fault")
         return
     if ex is None:
         report.add("job_failed", "unknown", fault=h.index, detail=f"how launch {h.launch} ended was not recorded")

@@ -27,7 +27,7 @@ def detection_timings(run: Run, report: Report) -> bool:
     launch = f0.launch
     ex = run.exit_of(launch)
     limit = run.s.expect.detect_within_s
-    if ex is not None and ex.rc == 0 and run.s.recovery.relaunch != "torchrun":
+    if ex is not None and ex.rc == 0 and not run.s.recovery.in_launch:
         why["time_to_detect_s"] = why["time_to_recover_s"] = (f"launch {launch} rode the fault out (exit status "
                                                               "0): there was nothing to detect or recover")
         if limit is not None:
@@ -38,7 +38,7 @@ def detection_timings(run: Run, report: Report) -> bool:
     noticed = [h for h in run.records(RankExited, launch) if h.pid not in victims and h.t >= f0.t]
     if noticed:
         report.time_to_detect_s = noticed[0].t - f0.t
-    elif ex is not None and run.s.recovery.relaunch != "torchrun":
+    elif ex is not None and not run.s.recovery.in_launch:
         report.time_to_detect_s = ex.t - f0.t
     else:
         starts = [h for h in run.probes("train.start") if h.launch > launch]

@@ -137,6 +137,8 @@ class Run:
 
     def launches(self) -> list[int]:
         ids = {h.launch for h in self.records(LaunchStarted)} | {e.get("attempt", 0) for e in self.events}
+        if self.s.recovery.relaunch == "self":  # a worker group the trainer restarted: seen only in its processes' points
+            ids |= {h.launch for h in self.probes()}
         return sorted(ids)
 
     def last_step(self, launch: int) -> int:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from ckpt_chaos import probe
-from ckpt_chaos.probe.auto_state import _orig, _point, _s
+from ckpt_chaos.probe.auto_state import _orig, _point, _s, incarnation
 
 
 def _ids(indices):
@@ -27,6 +27,7 @@ def _rank() -> int:
     rank = probe._rank()
     if rank is not None:
         _s.rank, _s.rank_pid = rank, os.getpid()
+        incarnation()  # before the first record of a restarted rank, which counts in its launch
         return rank
     return int(os.environ.get("LOCAL_RANK", "0"))
 

@@ -23,6 +23,12 @@ ENV_DIGEST_EVERY = "CKPT_CHAOS_DIGEST_EVERY"  # state digests every N steps (0: 
 # checks read the steps from the trajectory.
 ENV_STEP_POINTS = "CKPT_CHAOS_STEP_POINTS"
 STEP_POINTS = ("step.begin", "step.end", "microstep.end")
+# Set by the harness where the trainer restarts its own workers within one launch (recovery.relaunch =
+# "self": Ray Train). Such a framework tells a worker its rank at run time (os.environ, which
+# /proc/PID/environ does not show) and starts a new process for the same rank after a failure, with
+# nothing in its environment that counts the restarts as torchrun's TORCHELASTIC_RESTART_COUNT does.
+ENV_COUNT_RESTARTS = "CKPT_CHAOS_COUNT_RESTARTS"
+INCARNATIONS = ".ckpt-chaos-incarnations"  # in the run directory: one file per (launch, rank, restart) claimed
 
 CHUNK = 1 << 20  # bytes between file.write points when the file's size is not known
 TENTHS = 10
@@ -84,6 +90,7 @@ class _State:
         self.optimizers: list = []
         self.step_points: frozenset[str] = frozenset(STEP_POINTS)
         self.attempt = 0  # the launch, as the probe counts it (a harness relaunch or a torchrun restart)
+        self.incarnation: int | None = None  # this rank's restart within the launch, where the layer counts them
         self.pre_digest = True  # digest the state before the next step: the first of a process, or after a save
         self.pre: dict = {}
         self.folders: tuple | None = None  # the watched folders' entries at the last step
@@ -95,15 +102,52 @@ _s = _State()
 # ---- reporting ---------------------------------------------------------------------------------------
 
 def _point(name: str, /, **info) -> None:
-    """Report a point, first telling the controller what is armed if that changed."""
+    """Report a point, first telling the controller what is armed if that changed. Where the layer
+    counts restarts, a process that does not know its rank (the framework's driver, its controller,
+    a worker not yet told) is no rank: it reports nothing, so no fault takes its pid for a rank's."""
     if os.getpid() != _s.pid:  # a forked child (a data-loader worker) reports as itself, from scratch
         _s.pid, _s.reported = os.getpid(), set()
+    if os.environ.get(ENV_COUNT_RESTARTS):
+        if incarnation() is None:
+            return
+        controller = probe._this_process()
+        if controller is not None:
+            controller._restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) + _s.incarnation
     new = [a for a in [*_s.armed, *(f"version:{n}" for n in _s.versions)] if a not in _s.reported]
     if new:
         _s.reported.update(new)
         probe.point("probe.armed", armed=list(_s.armed), points=sorted(armed_points(_s.armed)),
                     versions=dict(_s.versions), **({"unsupported": list(_s.unsupported)} if _s.unsupported else {}))
     probe.point(name, **info)
+
+
+def incarnation() -> int | None:
+    """Under ``ENV_COUNT_RESTARTS``: which start of its rank in this launch this process is (0 the
+    first, 1 after the framework's first restart), claimed once the process knows its rank, by creating
+    ``RUN_DIR/INCARNATIONS/LAUNCH-RANK-N`` for the first N not taken; it counts in the launch the
+    trajectory and the events carry (``_s.attempt``, the probe's ``restart``). None: the rank is not
+    known yet. A process forked from a rank (a data-loader worker) inherits its parent's."""
+    if _s.incarnation is not None or not os.environ.get(ENV_COUNT_RESTARTS) or not _s.run_dir:
+        return _s.incarnation
+    rank = probe._rank()
+    if rank is None:
+        return None
+    folder = os.path.join(_s.run_dir, INCARNATIONS)
+    os.makedirs(folder, exist_ok=True)
+    launch = int(os.environ.get(probe.ENV_ATTEMPT, "0"))
+    n = 0
+    while True:
+        try:
+            fd = _orig["os.open"](os.path.join(folder, f"{launch}-{rank}-{n}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            n += 1
+            continue
+        _orig["os.write"](fd, str(os.getpid()).encode())
+        _orig["os.close"](fd)
+        break
+    _s.incarnation = n
+    _s.attempt += n
+    return n
 
 
 def armed_points(patches) -> set[str]:

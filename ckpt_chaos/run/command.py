@@ -49,6 +49,9 @@ def missing(s: Scenario) -> str | None:
 
 
 def _values(s: Scenario, run_dir: Path, attempt: int, world_size: int) -> dict[str, str]:
+    # absolute: a framework may run its workers in another directory (Ray Train's working directory
+    # per run), where a relative TMPDIR would name nothing and tempfile would fall back to /tmp
+    run_dir = Path(os.path.abspath(run_dir))
     return {"python": sys.executable, "run_dir": str(run_dir), "ckpt_dir": str(run_dir / s.command.ckpt_dir),
             "world_size": str(world_size), "attempt": str(attempt)}
 
@@ -89,6 +92,8 @@ def launch(s: Scenario, run_dir: Path, attempt: int, world_size: int, controller
     """``all_points``: every per-step point goes to the controller (the golden run, which shows what a
     trigger can aim at); else only those the scenario's triggers name, a round trip per step each."""
     own = environment(s, run_dir, attempt, world_size)
+    if s.recovery.relaunch == "self":  # its workers learn their rank at run time: the layer counts their restarts
+        own[auto_state.ENV_COUNT_RESTARTS] = "1"
     for d in watched(s, run_dir) + ([Path(own["TMPDIR"])] if "TMPDIR" in own else []):
         d.mkdir(parents=True, exist_ok=True)  # a TMPDIR that does not exist is silently not used
     layer = auto.environment(controller, run_dir, watched(s, run_dir), planned=planned,
@@ -160,8 +165,9 @@ def pointer(s: Scenario, run_dir: Path) -> dict | None:
     file = Path(os.path.normpath(folder / spec["pointer"]))  # inside the folder: the loader checks it
     rel = str(file.relative_to(root))
     out: dict = {"file": rel, "content": None, "checkpoint": None, "problem": None}
+    field = spec.get("json")
     try:
-        raw = file.read_bytes()[:4096]
+        raw = file.read_bytes()[:(1 << 20) if field else 4096]
     except FileNotFoundError:
         return {**out, "problem": f"{rel} does not exist"}
     except OSError as e:
@@ -171,6 +177,18 @@ def pointer(s: Scenario, run_dir: Path) -> dict | None:
     fmt = spec.get("format")
     if not text:
         return {**out, "problem": f"{rel} is empty"}
+    if field is not None:  # a JSON file: its value at ``json`` names the checkpoint (Ray Train's snapshot)
+        try:
+            value = json.loads(text)
+            for part in field.split("."):
+                value = None if value is None else value[part]  # null on the way: no checkpoint yet
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            return {**out, "problem": f"{rel} is garbled: no JSON value at {field} ({type(e).__name__}: {e})"}
+        if value is None or value == "":
+            return {**out, "problem": f"{rel} names no checkpoint ({field} is {value!r})"}
+        out["content"] = str(value)[:200]
+        name = fmt.format(value) if fmt is not None else str(value)
+        return _named(out, folder, root, rel, name, s.command.ckpt_dir)
     if "\ufffd" in text or any(ord(ch) < 32 for ch in text):
         return {**out, "problem": f"{rel} is garbled: it holds {text[:60]!r}, not one name"}
     if fmt is not None:
@@ -179,10 +197,14 @@ def pointer(s: Scenario, run_dir: Path) -> dict | None:
         name = fmt.format(int(text))
     else:
         name = text
+    return _named(out, folder, root, rel, name, s.command.ckpt_dir)
+
+
+def _named(out: dict, folder: Path, root: Path, rel: str, name: str, ckpt_dir: str) -> dict:
+    """``pointer``'s answer for the checkpoint ``name`` (relative to the checkpoint folder ``folder``)."""
     target = Path(os.path.normpath(folder / name))
     if target == folder or not target.is_relative_to(folder):
-        return {**out, "problem": f"{rel} names {name!r}, which is not inside the checkpoint folder "
-                                  f"{s.command.ckpt_dir}"}
+        return {**out, "problem": f"{rel} names {name!r}, which is not inside the checkpoint folder {ckpt_dir}"}
     if not target.exists():
         return {**out, "problem": f"{rel} names {name!r}, which does not exist (a dangling pointer)"}
     return {**out, "checkpoint": str(target.relative_to(root))}

@@ -348,7 +348,7 @@ class ChaosRun:
         if self.remote is not None:  # not in the golden run: the remote tier does not shape the trajectory
             base_cfg.update(s.remote.trainer_config(self.remote.url, self.remote.endpoint))
         mode = s.recovery.relaunch
-        launches = 1 if mode in ("none", "torchrun") else s.recovery.max_restarts + 1
+        launches = 1 if mode == "none" or s.recovery.in_launch else s.recovery.max_restarts + 1
         # files.jsonl: what each process did to a [command] trainer's files (the reference trainer reports its own)
         with ProbeServer(self.on_event, on_error=self._harness_error) as server, \
                 (FileEvents(self.run_dir, command.recorded(s, self.run_dir)) if s.command is not None
