@@ -419,3 +419,88 @@ def test_a_save_of_several_ranks_ends_at_the_next_step(tmp_path):
     assert p.saves[2].marks["end"]["point"] == "file.done"  # the last save: no next step to wait for
     roles = [f.role for f in p.saves[1].roles]
     assert roles == ["checkpoints/step_*/rank*.pt"]  # one role for both ranks' files: one mid-write kill
+
+
+# ---- relaunches with an option changed: --change, and the reference trainer's catalogue -----------------
+
+def test_a_change_is_parsed_as_a_toml_value_and_expected_refused_unless_resumable():
+    from ckpt_chaos.audit.changes import Change, parse_change
+
+    assert parse_change("seed=7") == Change("seed", 7, True)
+    assert parse_change("lr=0.5", ["lr"]) == Change("lr", 0.5, False)
+    assert parse_change("fast=true").value is True
+    assert parse_change("out=runs/b").value == "runs/b"  # not TOML: the string as given
+    assert parse_change("day=2024-01-02").value == "2024-01-02"
+    for bad, says in (("seed", "give KEY=VALUE"), ("=7", "give KEY=VALUE"), ("ids=[1, 2]", "is not one value")):
+        with pytest.raises(ValueError, match=says):
+            parse_change(bad)
+
+
+def test_change_scenarios_kill_between_saves_and_expect_what_the_user_declares(tmp_path):
+    from ckpt_chaos.audit.changes import parse_change
+    from ckpt_chaos.run.command import argv
+
+    p = discover(plain_ddp(tmp_path))
+    changes = (parse_change("seed=7"), parse_change("save-every=2", ["save-every"]))
+    gen = {g.name: g for g in generate(p, ("kill",), changes)}
+    refused, accepted = gen["plain-ddp-train--change--seed-7"], gen["plain-ddp-train--change--save-every-2"]
+    assert (refused.family, refused.point, refused.fault) == ("change", "relaunch", "seed = 7 refused")
+    assert accepted.fault == "save-every = 2 accepted"
+    t = _tables(refused)
+    assert t["faults"] == [{"kind": "kill", "target": "all", "when": {"point": "step.begin", "rank": 0, "step": 7}}]
+    assert t["recovery"] == {"max_restarts": 2, "changes": [{"seed": 7}]} and t["expect"] == {"refused": ["seed"]}
+    assert "declares a resume must refuse" in t["description"] and "resume from step_00000004.pt" in t["description"]
+    t = _tables(accepted)
+    assert t["recovery"]["changes"] == [{"save-every": 2}] and "expect" not in t
+    s = from_dict(tomllib.loads(refused.text), "r.toml", "r")  # ckpt-chaos run's own checks
+    assert argv(s, Path("/r"), 1, 2)[-1] == "--seed=7" and "--seed=7" not in argv(s, Path("/r"), 2, 2)
+    assert "kill" in {g.family for g in gen.values()} and "mid-write" not in {g.family for g in gen.values()}
+
+
+def test_a_change_with_no_checkpoint_before_it_is_left_out_saying_why(tmp_path):
+    from ckpt_chaos.audit.changes import parse_change
+
+    p = discover(plain_ddp(tmp_path))
+    p.saves = p.saves[:1]
+    (g,) = [g for g in generate(p, (), (parse_change("seed=7"),))]
+    assert g.family == "change" and "no checkpoint to resume or to refuse" in g.left_out
+
+
+def test_cli_change_and_resumable_are_checked_before_anything_runs(tmp_path, cli):
+    code, err = cli("--change", "seed", "--", "train.py", "{ckpt_dir}", cwd=tmp_path)
+    assert code == 2 and "--change seed: give KEY=VALUE" in err
+    code, err = cli("--change", "seed=7", "--resumable", "sed", "--", "train.py", "{ckpt_dir}", cwd=tmp_path)
+    assert code == 2 and "--resumable sed: no --change sed=VALUE" in err
+    (tmp_path / "pyproject.toml").write_text('[tool.ckpt-chaos.audit]\nargv = ["train.py", "{ckpt_dir}"]\n'
+                                             'changes = "seed=7 lr"\n')
+    code, err = cli(cwd=tmp_path)
+    assert code == 2 and "--change lr: give KEY=VALUE" in err
+
+
+def test_the_catalogue_s_relaunch_changes_are_what_the_reference_trainer_declares():
+    """One scenario per field the reference declares, written by the audit's generator: a field added to
+    its configuration, or moved in or out of RESUMABLE_CHANGES, fails here until the files are written again."""
+    import dataclasses
+
+    from ckpt_chaos.audit.changes import GENERATED, reference_files, reference_folder
+    from ckpt_chaos.check.promises import UNCHANGEABLE
+    from ckpt_chaos.scenario import load
+    from reference_trainer.config import RESUMABLE_CHANGES, TrainConfig
+
+    want = reference_files()
+    folder = reference_folder()
+    have = {p.name: p.read_text() for p in folder.glob("relaunch-with-changed-*.toml")
+            if p.read_text().startswith(GENERATED)}
+    assert have == want, ("the catalogue's relaunch-change scenarios differ from the reference trainer's declaration: "
+                          "write them again with python -m ckpt_chaos.audit.changes "
+                          f"(differ: {sorted(set(have) ^ set(want)) or [n for n in want if have[n] != want[n]]})")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - set(UNCHANGEABLE)
+    by_field = {}
+    for name in want:
+        s = load(folder / name)
+        (change,) = s.recovery.changes
+        (key,) = change
+        by_field[key] = s
+        assert s.expect.refused == ([] if key in RESUMABLE_CHANGES else [key]), name
+        assert ("default" in s.suites) == (key == "seed"), name
+    assert set(by_field) == fields

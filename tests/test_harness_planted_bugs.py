@@ -154,7 +154,7 @@ def test_a_resume_that_accepts_a_changed_learning_rate_is_caught(tmp_path, golde
     r = run(tmp_path, golden_root, "relaunch-with-changed-lr-is-refused.toml", "tests.planted.accepts_any_config")
     assert r.verdict == "fail"
     bad = failed(r)
-    assert "launch 1 changed lr = 0.006, which a resume must refuse, but it exited with status 0" in bad[
+    assert "launch 1 changed lr = 0.0015, which a resume must refuse, but it exited with status 0" in bad[
         "config_refused@1"]
     assert "it resumed from step_00000004 at step 4" in bad["config_refused@1"]
     assert "(lr" in bad["trajectory"]  # the diagnosis names the learning rate
@@ -182,15 +182,9 @@ def test_retention_that_keeps_one_fewer_than_keep_last_is_caught(tmp_path, golde
 
 
 def test_a_resume_that_refuses_only_a_changed_learning_rate_is_caught(tmp_path, golden_root):
-    """The case generated from the trainer's declaration for the seed, a field that shapes the
-    trajectory, on relaunch-with-changed-lr-is-refused.toml (tests/test_promises.py runs every field's)."""
-    from ckpt_chaos.check.promises import relaunch_cases
-
-    cases, _ = relaunch_cases(load(SCENARIOS / "relaunch-with-changed-lr-is-refused.toml"))
-    case = next(c for c in cases if c.field == "seed")
-    s = dataclasses.replace(case.scenario, trainer_module="tests.planted.refuses_only_lr")
-    golden_of_the_reference(s, golden_root)
-    r = run_scenario(s, tmp_path, golden_root)
+    """The catalogue's relaunch for the seed, a field the trainer declares shapes the trajectory (one of the
+    relaunch-change scenarios generated from its declaration: ckpt_chaos/audit/changes.py)."""
+    r = run(tmp_path, golden_root, "relaunch-with-changed-seed-is-refused.toml", "tests.planted.refuses_only_lr")
     assert r.verdict == "fail"
     bad = failed(r)
     assert "launch 1 changed seed = 2468, which a resume must refuse, but it exited with status 0" in bad[

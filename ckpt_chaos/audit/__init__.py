@@ -12,8 +12,11 @@ the profile into ordinary scenario files; ``ckpt-chaos run``'s own suite runner 
 from __future__ import annotations
 
 import glob
+import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # the fault families generate.py writes scenarios for (docs/audit.md); here, so that the command line's
 # parser names them without importing the generator
@@ -70,3 +73,38 @@ def golden(spec: Spec, root: Path | None = None) -> Path:
     from ckpt_chaos.run.command import golden_run
 
     return golden_run(spec.scenario(), root)
+
+
+# ---- the audit's scenario files: TOML as generate.py and changes.py write it ----------------------------
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
+    return "[" + ", ".join(toml_value(x) for x in v) + "]"
+
+
+def _key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def toml_text(data: dict, comment: str = "") -> str:
+    """A scenario's tables as a scenario file: its keys, then its tables, then its arrays of tables."""
+    def tables_of(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+    lines = [f"# {line}" if not line.startswith("#") else line for line in comment.splitlines()]
+    lines += [f"{_key(k)} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, dict) and not tables_of(v)]
+    for k, v in data.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{k}]"] + [f"{_key(x)} = {toml_value(y)}" for x, y in v.items()]
+    for k, v in data.items():
+        if tables_of(v):
+            for t in v:
+                lines += ["", f"[[{k}]]"] + [f"{_key(x)} = {toml_value(y)}" for x, y in t.items()]
+    return "\n".join(lines) + "\n"

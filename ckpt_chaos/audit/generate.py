@@ -16,7 +16,9 @@ or the only one. Per family (``FAMILIES``):
 * ``kill``: every rank killed between two saves;
 * ``load``: the relaunch killed as it loads the checkpoint it resumes from;
 * ``corrupt`` (only when asked, ``DEFAULT_FAMILIES``): the newest checkpoint damaged (truncated) before
-  a kill, for a trainer whose checkpoints are folders (the fault damages the files of a folder).
+  a kill, for a trainer whose checkpoints are folders (the fault damages the files of a folder);
+* ``change`` (one per ``--change KEY=VALUE``, ``changes.py``): every rank killed between two saves, and the
+  relaunch given the option changed, expected refused or accepted as the user declares.
 
 A fault this machine cannot inject (root, FUSE, tmpfs) is left out with the reason the harness gives
 (``faults.requirements``), as is one the profile gives no point for.
@@ -24,13 +26,13 @@ A fault this machine cannot inject (root, FUSE, tmpfs) is left out with the reas
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckpt_chaos.audit import DEFAULT_FAMILIES
+from ckpt_chaos.audit import DEFAULT_FAMILIES, toml_value
+from ckpt_chaos.audit.changes import Change, with_change
 from ckpt_chaos.audit.discover import NATIVE, Profile, Save, SeenFile, glob_escape
 from ckpt_chaos.probe import follow
 
@@ -65,22 +67,6 @@ def trainer_name(p: Profile) -> str:
     return slug(" ".join(argv[:2])) or "trainer"
 
 
-def toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
-    return "[" + ", ".join(toml_value(x) for x in v) + "]"
-
-
-def _key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
-
-
 def _command(p: Profile) -> dict:
     c = p.command
     out = {"argv": c["argv"]}
@@ -102,7 +88,7 @@ def _command(p: Profile) -> dict:
 
 
 def _text(p: Profile, why: str, faults: list[dict], tags: list[str], storage: dict | None = None,
-          recovery: dict | None = None) -> str:
+          recovery: dict | None = None, expect: dict | None = None) -> str:
     lines = [f"# ckpt-chaos audit: {why}", "# Generated from the trainer's fault-free run; rerun with ckpt-chaos run.",
              f"description = {toml_value(why)}", f"tags = {toml_value(['audit', *tags])}",
              f"world_size = {p.world_size}", f"suites = {toml_value([SUITE])}", "", "[command]"]
@@ -113,6 +99,8 @@ def _text(p: Profile, why: str, faults: list[dict], tags: list[str], storage: di
         lines += ["", "[[faults]]"] + [f"{k} = {toml_value(v)}" for k, v in f.items()]
     if recovery:
         lines += ["", "[recovery]"] + [f"{k} = {toml_value(v)}" for k, v in recovery.items()]
+    if expect:
+        lines += ["", "[expect]"] + [f"{k} = {toml_value(v)}" for k, v in expect.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -146,8 +134,10 @@ def _rel(p: Profile, path: str) -> str:
     return follow.masked(path, vocab)[len(p.ckpt_dir.rstrip("/")) + 1:]
 
 
-def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES) -> list[Generated]:
-    """The audit's scenarios for ``p``, in a fixed order; those this machine cannot run carry ``left_out``."""
+def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES,
+             changes: tuple[Change, ...] = ()) -> list[Generated]:
+    """The audit's scenarios for ``p``, in a fixed order, and one per declared relaunch change (``changes``,
+    whatever ``families`` says); those this machine cannot run carry ``left_out``."""
     if p.complete is None:
         raise ValueError("the profile has no complete rule: " + "; ".join(p.problems))
     name = trainer_name(p)
@@ -247,6 +237,25 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES) -> list[G
         f"every rank is SIGKILLed as step {mid} begins, between saves; the relaunch resumes from "
         f"{prev.entry if prev else 'scratch'} and must train on as the fault-free run did",
         [{"kind": "kill", "target": "all", "when": {"point": "step.begin", "rank": 0, "step": mid}}], ["mid-interval"])
+
+    for c in changes:
+        fault = f"{c.key} = {toml_value(c.value)} {'refused' if c.refused else 'accepted'}"
+        n = f"{name}--change--{slug(c.key + ' ' + str(c.value))}"
+        if prev is None:
+            out.append(Generated(n, "change", "relaunch", fault, "", left_out=(
+                f"the first save is the target: a relaunch as step {mid} begins has no checkpoint to resume or to "
+                "refuse to resume")))
+            continue
+        declared = (f"which the user declares a resume must refuse: the relaunch must exit non-zero naming {c.key}, "
+                    f"leave its checkpoints as they were, and the next relaunch, as before, resume from {prev.entry}"
+                    if c.refused else f"which the user declares a resume may take (--resumable): the relaunch must "
+                    f"resume from {prev.entry} and train on")
+        tables = with_change({}, c)
+        out.append(Generated(n, "change", "relaunch", fault, _text(
+            p, f"every rank is SIGKILLed as step {mid} begins and the relaunch is given {c.key} = "
+               f"{toml_value(c.value)} on its command line (command.change_argv), {declared}",
+            [{"kind": "kill", "target": "all", "when": {"point": "step.begin", "rank": 0, "step": mid}}],
+            ["config-change"], recovery=tables["recovery"], expect=tables["expect"])))
 
     if prev is None:
         skip("load", "relaunch load", "kill", "the first save is the target: no checkpoint before it to load")

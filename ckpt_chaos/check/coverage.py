@@ -26,6 +26,7 @@ from typing import Iterable
 
 from ckpt_chaos.check.judge import COMMAND, REFERENCE, table
 from ckpt_chaos.check.expected import relaunched
+from ckpt_chaos.check.promises import refused_keys
 from ckpt_chaos.faults import KINDS, families
 from ckpt_chaos.probe.layout import FORMAT
 from ckpt_chaos.scenario import BACKENDS, Fault, Scenario
@@ -116,8 +117,13 @@ def setups_of(s: Scenario) -> set[str]:
         out.add("the newest checkpoint damaged on a disk that stays full")
     if s.recovery.changes:
         out.add("configuration changed on relaunch")
-        # each field a relaunch changes is one the resume compares, refuses or acts on in its own way
-        out |= {f"{key} changed on relaunch" for change in s.recovery.changes for key in change}
+        # the resume's two ways with a changed configuration, by what the trainer declares: refuse one that
+        # changes a field that shapes the trajectory before loading anything, or load and go on with one
+        # that changes only fields a resume may take. Every field's own case is a scenario of the full
+        # suite, generated from the declaration (ckpt_chaos/audit/changes.py).
+        refused = refused_keys(s)
+        out |= {"a field a resume must refuse changed on relaunch" if set(change) & refused else
+                "only fields a resume may take changed on relaunch" for change in s.recovery.changes if change}
     # an older manifest format is validated with its own checksum, which no format-2 run reaches
     formats = {s.trainer.get("manifest_format", FORMAT)} | {c.get("manifest_format", FORMAT)
                                                            for c in s.recovery.changes}

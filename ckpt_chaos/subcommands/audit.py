@@ -23,7 +23,8 @@ KEYS = {"argv": (list, 'argv = ["train.py", "--ckpt-dir", "{ckpt_dir}"]'), "npro
         "env": (dict, 'env = { TMPDIR = "{run_dir}/tmp" }'), "key": (list, 'key = ["src/**/*.py"]'),
         "out": (str, 'out = "build/audit"'), "jobs": (int, "jobs = 2"),
         "families": (list, 'families = ["mid-write", "kill"]'), "complete": ((str, dict), 'complete = "step_*"'),
-        "save_every": (int, "save_every = 100"), "keep_last": (int, "keep_last = 2")}
+        "save_every": (int, "save_every = 100"), "keep_last": (int, "keep_last = 2"),
+        "changes": (list, 'changes = ["seed=7", "save-every=2"]'), "resumable": (list, 'resumable = ["save-every"]')}
 
 
 def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
@@ -45,6 +46,11 @@ def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
                         "instead of inferring it")
     c.add_argument("--save-every", type=int, default=None, help="declare the steps between saves")
     c.add_argument("--keep-last", type=int, default=None, help="declare how many checkpoints it keeps")
+    c.add_argument("--change", action="append", default=None, metavar="KEY=VALUE",
+                   help="a relaunch with this option changed (given as --KEY=VALUE), expected refused unless KEY is "
+                        "--resumable (repeatable)")
+    c.add_argument("--resumable", action="append", default=None, metavar="KEY",
+                   help="an option a resume may take changed: its --change must resume (repeatable)")
     c.add_argument("--families", default=None,
                    help=f"fault families to generate, comma-separated, of {','.join(FAMILIES)} (default: all but "
                         "corrupt, whose check needs a rejection event a [command] trainer does not write)")
@@ -62,7 +68,7 @@ def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
 def _table_value(file, table: dict, key: str):
     want, example = KEYS[key]
     v = table[key]
-    if key in ("argv", "relaunch_args", "key", "families") and isinstance(v, str):
+    if key in ("argv", "relaunch_args", "key", "families", "changes", "resumable") and isinstance(v, str):
         v = shlex.split(v) if key != "families" else v.split(",")
     if not isinstance(v, want) or isinstance(v, bool) or (isinstance(v, list)
                                                           and not all(isinstance(x, str) for x in v)):
@@ -116,6 +122,24 @@ def spec_of(args: argparse.Namespace):
     return spec, given
 
 
+def changes_of(args: argparse.Namespace, given: dict) -> tuple:
+    """The relaunch changes asked for (``--change``, else the table's ``changes``), each expected refused
+    unless its key is declared resumable (``--resumable``, else the table's ``resumable``)."""
+    from ckpt_chaos.audit.changes import parse_change
+
+    resumable = args.resumable if args.resumable is not None else given.get("resumable", [])
+    texts = args.change if args.change is not None else given.get("changes", [])
+    try:
+        changes = tuple(parse_change(t, resumable) for t in texts)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    unused = sorted(set(resumable) - {c.key for c in changes})
+    if unused:
+        raise UsageError(f"--resumable {unused[0]}: no --change {unused[0]}=VALUE to expect resumed; add one, or "
+                         "drop it")
+    return changes
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -131,6 +155,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     bad = [f for f in families if f not in FAMILIES]
     if bad:
         raise UsageError(f"--families {bad[0]}: unknown family; choose from {', '.join(FAMILIES)}")
+    changes = changes_of(args, given)
     console = Console(stderr=args.json)
     say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     if why := missing(spec.scenario()):
@@ -168,7 +193,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     folder = Path(args.write_scenarios) if args.write_scenarios else out / "scenarios"
-    gen = gen_mod.check(gen_mod.generate(profile, families), folder, g)
+    gen = gen_mod.check(gen_mod.generate(profile, families, changes), folder, g)
     paths = gen_mod.write(gen, folder)
     say(f"{len(paths)} scenario(s) in {folder}")
     for x in gen:
