@@ -345,6 +345,11 @@ def test_discover_only_on_plain_ddp(tmp_path, command_golden_root):
     assert f["names"] == ["checkpoints/step_00000008.pt.tmp", "checkpoints/step_00000008.pt"]
     assert f["writer"] == "torch.save" and f["fsynced"]
     assert "commit rename" in p.stderr
+    # the stop-and-relaunch run: killed as step 7 began, the relaunch read step_4 and went on from it
+    r = profile["relaunch"]
+    assert (r["decided"], r["resumed_from"], r["first_step"]) == (True, "checkpoints/step_00000004.pt", 5), r
+    assert r["reads"][:1] == ["checkpoints/step_00000004.pt"], r
+    assert "relaunch after a stop: resumed from checkpoints/step_00000004.pt" in p.stderr
 
 
 @pytest.mark.slow

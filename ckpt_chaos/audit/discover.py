@@ -118,6 +118,8 @@ class Profile:
     """What could not be inferred, each with the key to declare."""
     loads_with_torch: bool = False
     """The probe layer armed torch.load: a resume through it fires load.begin."""
+    relaunch: dict | None = None
+    """What the stop-and-relaunch run showed (``relaunch.Relaunch``); None where none ran."""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -58,7 +58,8 @@ def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
                    help="where the profile, scenarios and runs go (default: OUT/audit/<trainer>, OUT as for run)")
     c.add_argument("--write-scenarios", metavar="DIR", help="write the scenario files here (to keep in the repo)")
     c.add_argument("--discover-only", action="store_true", help="print the trainer's profile and stop")
-    c.add_argument("--no-run", action="store_true", help="write the scenarios and stop")
+    c.add_argument("--no-run", action="store_true",
+                   help="write the scenarios and stop, running none (not even the stop-and-relaunch run)")
     c.add_argument("-n", "--jobs", type=jobs_type, default=None, metavar="N",
                    help="scenarios at once (default 1; 'auto' as the machine allows)")
     c.add_argument("--golden-dir", metavar="DIR", help="cache of fault-free runs (default: as for run)")
@@ -187,6 +188,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print("ckpt-chaos audit: cannot tell which checkpoint the trainer resumes from: "
               + "; ".join(profile.problems) + " (--complete, or complete in [tool.ckpt-chaos.audit])", file=sys.stderr)
         return EXIT_USAGE
+    if not args.no_run:
+        from ckpt_chaos.audit import relaunch
+
+        say("stop and relaunch: every rank killed between saves, then relaunched as each scenario will be")
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            r = relaunch.stop_and_relaunch(profile, out / "relaunch", root)
+        profile.relaunch = r.to_dict() if r else None
+        (out / "profile.json").write_text(profile.to_json() + "\n")
+        for line in relaunch.describe(r):
+            say(line)
+        if r is not None and (why := relaunch.never_resumed(profile, r)):
+            print(f"ckpt-chaos audit: {why}", file=sys.stderr)
+            return EXIT_USAGE
     if args.discover_only:
         if args.json:
             json_out(profile.to_dict())
