@@ -112,7 +112,7 @@ class Exited(Record):
 
     KIND: ClassVar[str] = "exit"
     launch: int
-    rc: int | None  # None: killed at the deadline
+    rc: int | None  # None: killed at the deadline, or restarted by the trainer itself (``restarted``)
     snapshot: dict  # history.snapshot_checkpoints of the checkpoint directory
     deadline_hit: bool = False
     grace_expired: list[float] = field(default_factory=list)  # a preemption's grace ran out at these times
@@ -123,6 +123,9 @@ class Exited(Record):
     pointer: dict | None = None
     files: dict | None = None  # a [command] trainer: every file in its checkpoint folder, path -> size
     slurm: dict | None = None  # the slurm backend: the job's JobState, Reason, ExitCode, Restarts as the run ended
+    # recovery.relaunch = "self": the trainer restarted its workers (no exit status); the state is what the
+    # restarted group found, taken at its first point, before it loaded anything
+    restarted: bool = False
 
 
 @dataclass(kw_only=True)

@@ -304,6 +304,8 @@ class ChaosRun:
         external = event["point"] == "fs.created"
         if not external:  # a rank's own probe event (external ones have no rank)
             if launch_no > self.launch_no:  # torchrun restarted its workers: new processes
+                if self.s.recovery.relaunch == "self" and self.job is not None:
+                    self._restarted(self.launch_no)
                 self.launch_no = launch_no
                 self.pids.clear()
             role = event.get("role", "rank")
@@ -318,6 +320,14 @@ class ChaosRun:
         for index, fault in self.generator.observe(event):
             answer = self._fire(index, fault, event) or answer
         return answer
+
+    def _restarted(self, launch: int) -> None:
+        """The trainer restarted its workers (``relaunch = "self"``) after launch ``launch``: what the new
+        group finds, recorded as that launch's end, while its first process waits at its first point."""
+        s = self.s
+        self.history.add(Exited(launch=launch, rc=None, restarted=True, snapshot=snapshot_checkpoints(self.ckpt_root),
+                                complete=command.complete(s, self.run_dir), pointer=command.pointer(s, self.run_dir),
+                                files=command.listing(s, self.run_dir)))
 
     def _fire(self, index: int, fault, event: dict, held_s: float | None = None) -> dict | None:
         """Fault ``index`` acts on ``event`` (under ``lock``, its sender waiting at its point); its answer
@@ -404,7 +414,9 @@ class ChaosRun:
                 torn_down = getattr(job, "torn_down", [])
                 # nodes still running teardown_s after another failed: the orchestrator killed them
                 also = [TornDown(launch=n, nodes=torn_down, after_s=round(job.torn_down_after_s, 2))] if torn_down else []
-                if self._launch_ended(n, rc, healed, also, remote=self.remote.snapshot() if self.remote else None,
+                # the trainer's own restarts are launches too: the exit is the last one's
+                last = self.launch_no if s.recovery.relaunch == "self" else n
+                if self._launch_ended(last, rc, healed, also, remote=self.remote.snapshot() if self.remote else None,
                                       complete=command.complete(s, self.run_dir) if s.command else None,
                                       pointer=command.pointer(s, self.run_dir) if s.command else None,
                                       files=command.listing(s, self.run_dir) if s.command else None):
