@@ -209,6 +209,9 @@ def test_generated_scenarios_aim_at_the_discovered_points(tmp_path):
     assert (fsync["call"], fsync["path"]) == ("fsync", "step_00000008.pt.*")
     disk = _tables(gen["plain-ddp-train--disk-full--disk-full-save-start"])
     assert disk["storage"] == {"fs": "tmpfs", "size_mb": 16}
+    inodes = _tables(gen["plain-ddp-train--disk-full--inodes-full-save-start"])
+    assert inodes["faults"] == [{"kind": "inodes_full", "when": {"point": "step.end", "rank": 0, "step": 8}}]
+    assert inodes["storage"] == disk["storage"]
     # a checkpoint that is one file has no folder for corrupt to damage: left out, saying why
     assert "single files" in gen["plain-ddp-train--corrupt--truncate-newest-checkpoint"].left_out
     # between saves 1 and 2, so that the resume is from save 1

@@ -11,7 +11,8 @@ or the only one. Per family (``FAMILIES``):
 * ``power-loss``: power cut right after the save, in both modes of ``power_loss``, and right after
   the rename that commits it (mode entries-kept: the rename kept, un-fsynced data lost);
 * ``term``: SIGTERM to the last rank only, and to every rank, between two saves;
-* ``disk-full``: the checkpoint file system fills as the save starts;
+* ``disk-full``: the checkpoint file system fills as the save starts, its bytes (``disk_full``) and, apart,
+  its inodes (``inodes_full``: the bytes still free);
 * ``errno``: EIO on the first write of the save's largest file, and on its fsync;
 * ``kill``: every rank killed between two saves;
 * ``load``: the relaunch killed as it loads the checkpoint it resumes from;
@@ -212,6 +213,12 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES,
         f"the checkpoint file system fills up as {at} starts (after step {target.step}); the relaunch, the disk "
         "freed, must resume from a whole checkpoint",
         [{"kind": "disk_full", "when": {"point": "step.end", "rank": writer, "step": target.step}}], ["disk-full"],
+        storage={"fs": "tmpfs", "size_mb": max(16, min(4096, 4 * -(-size // 2**20)))})
+    add("disk-full", "save start", "inodes full",
+        f"every free inode of the checkpoint file system is taken as {at} starts, its bytes still free: the save "
+        "fails at its first create although a free-space check would pass; the relaunch, the inodes given back, "
+        "must resume from a whole checkpoint",
+        [{"kind": "inodes_full", "when": {"point": "step.end", "rank": writer, "step": target.step}}], ["inodes"],
         storage={"fs": "tmpfs", "size_mb": max(16, min(4096, 4 * -(-size // 2**20)))})
 
     data = [f for f in target.files if f.final != target.pointer]

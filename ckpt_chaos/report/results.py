@@ -486,6 +486,7 @@ table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 4
 th { background: #f3f3f3; cursor: pointer; user-select: none; } th:after { content: " \\2195"; color: #aaa; }
 .pass { background: #e5f5e0; } .fail, .xpass { background: #fde0dd; } .skipped, li.warn { background: #fff7bc; }
 .unknown { background: #e7e1ef; }
+#audit-grid th { cursor: default; } #audit-grid th:after { content: none; }
 .xfail { background: #e0ecf4; }
 td.num { text-align: right; } td.why { color: #888; cursor: help; } #banner { padding: 1em; font-size: 1.3em; margin-bottom: 1em; border-radius: 6px; }
 .family { display: inline-block; margin: 0 1em 0.5em 0; padding: 2px 8px; border-radius: 4px; }
@@ -508,7 +509,7 @@ checkpoint path {{ coverage.line_percent|fmt }} % of lines, {{ coverage.branch_p
 <table id="audit-grid"><thead><tr><th>fault \\ point</th>{% for p in grid.points %}<th><code>{{ p }}</code></th>{% endfor %}</tr></thead><tbody>
 {% for fault, cells in grid.rows %}<tr><th>{{ fault }}</th>{% for c in cells %}{% if not c %}<td></td>
 {%- elif c.verdict == "left out" %}<td class="skipped" title="{{ c.detail }}">left out</td>
-{%- else %}<td class="{{ c.verdict }}" title="{{ (c.check ~ ': ' if c.check else '') ~ c.detail }}"><a href="#{{ c.scenario }}">{{ c.verdict }}</a>{% if c.check %}<br><small>{{ c.check }}</small>{% endif %}</td>
+{%- else %}<td class="{{ c.verdict }}"{% if c.check or c.detail %} title="{{ (c.check ~ ': ' if c.check else '') ~ c.detail }}"{% endif %}><a href="#{{ c.scenario }}">{{ c.verdict }}</a>{% if c.check %}<br><small>{{ c.check }}</small>{% endif %}</td>
 {%- endif %}{% endfor %}</tr>
 {% endfor %}</tbody></table>{% endif %}
 <input id="filter" placeholder="filter: a scenario name, verdict, fault kind or family" aria-label="filter">
