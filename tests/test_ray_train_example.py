@@ -140,3 +140,19 @@ def test_a_worker_killed_mid_epoch_is_restarted_by_ray_and_resumes_bit_for_bit(t
     assert row["launches"] == 2, row  # Ray's restart counted as the second launch, within the harness's one
     assert c["trajectory"][0] == "pass", c["trajectory"]
     assert row["verdict"] == "pass", c
+
+
+def test_a_checkpoint_in_a_folder_of_its_own_is_named_to_the_pointers_depth(tmp_path):
+    """Ray keeps checkpoints in storage_path/<name>/checkpoint_N: a file read there belongs to
+    checkpoints/run/checkpoint_N (``format = "run/{}"``), not to the folder of the whole run."""
+    from types import SimpleNamespace
+
+    from ckpt_chaos.check.evidence import Evidence
+
+    (tmp_path / "trajectory.jsonl").write_text("")
+    ev = Evidence(SimpleNamespace(s=_scenario(relaunch="self"), dir=tmp_path, golden=tmp_path))
+    assert ev.checkpoint_of("checkpoints/run/checkpoint_000004/state.pt") == "checkpoints/run/checkpoint_000004"
+    assert ev.checkpoint_of("elsewhere/state.pt") is None
+    flat = from_dict({"command": {"argv": ["t.py"], "complete": {"pointer": "latest"}}}, "x.toml", "x")
+    ev = Evidence(SimpleNamespace(s=flat, dir=tmp_path, golden=tmp_path))
+    assert ev.checkpoint_of("checkpoints/global_step8/mp_rank_00_model_states.pt") == "checkpoints/global_step8"

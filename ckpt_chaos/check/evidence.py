@@ -125,10 +125,15 @@ class Evidence:
     # ---- names -------------------------------------------------------------------------------------
 
     def checkpoint_of(self, path: str | None) -> str | None:
-        """The checkpoint a path belongs to: its entry in the checkpoint folder; None outside it."""
+        """The checkpoint a path belongs to: its entry in the checkpoint folder, or deeper where the
+        pointer's ``format`` puts checkpoints in a folder of their own (Ray Train's ``run/{}``); None
+        outside it."""
         if not path or not path.startswith(self.ckpt + "/"):
             return None
-        return f"{self.ckpt}/{path[len(self.ckpt) + 1:].split('/')[0]}"
+        complete = self.run.s.command.complete if self.run.s.command else None
+        fmt = complete.get("format") if isinstance(complete, dict) else None
+        depth = len(fmt.split("/")) if fmt else 1
+        return "/".join([self.ckpt, *path[len(self.ckpt) + 1:].split("/")[:depth]])
 
     # ---- what was watched ----------------------------------------------------------------------------
 
