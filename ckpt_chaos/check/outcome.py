@@ -350,6 +350,11 @@ def fault_effects(run: Run, report: Report) -> None:
 def _sigterm_honoured(run: Run, report: Report, h) -> None:
     ex = run.exit_of(h.launch)
     late = bool(ex and ex.grace_expired)
+    if run.s.recovery.relaunch == "self" and run.s.faults[h.index].target not in ("all", "node:0"):
+        report.add("sigterm_honoured", not late, fault=h.index, detail=
+                   "the SIGTERMed worker(s) exited within the grace period" if not late else
+                   "the grace period ran out with SIGTERMed worker(s) still running: they were SIGKILLed")
+        return
     report.add("sigterm_honoured", not late, fault=h.index, detail=
                "the launch ended within the preemption's grace period" if not late else
                "the grace period ran out before the launch ended: the trainer ignored its SIGTERM or took "

@@ -167,6 +167,8 @@ class Launch:
     # wait (bounded) until these ranks of the event's launch have reported their pids into ``pids``;
     # None where no rank reports (a job run without the probe)
     await_pids: Callable[[list[int], dict, float], None] | None = None
+    # recovery.relaunch = "self": the trainer restarts a rank that dies, so the launch does not end with it
+    restarts_itself: bool = False
 
 
 class Nemesis:

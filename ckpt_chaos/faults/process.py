@@ -131,7 +131,9 @@ class ProcessNemesis(Nemesis):
         else:
             for pid in self.reached(pids, record).values():
                 signal_pid(pid, signal.SIGTERM)
-        timer = threading.Timer(fault.params.grace_s, self._grace_expired, args=(self.launch.job,))
+        # a trainer that restarts its own workers goes on after their death: the grace is theirs, not the launch's
+        own = list(pids.values()) if self.launch.restarts_itself and fault.target not in ("all", "node:0") else None
+        timer = threading.Timer(fault.params.grace_s, self._grace_expired, args=(self.launch.job, own))
         timer.daemon = True
         timer.start()
         self._timers.append(timer)
@@ -167,7 +169,22 @@ class ProcessNemesis(Nemesis):
         self.stopped = [pid for pid in self.stopped if pid not in reaped]
         return reaped
 
-    def _grace_expired(self, job: Job) -> None:
+    def _grace_expired(self, job: Job, pids: list[int] | None = None) -> None:
+        """The grace ran out: SIGKILL the job if it still runs, or with ``pids`` (the SIGTERMed workers of a
+        trainer that restarts them) those of them still running, as the preempted node's end would."""
+        if pids is not None:
+            left = []
+            for pid in pids:
+                try:
+                    if _running(psutil.Process(pid)):
+                        left.append(pid)
+                except psutil.NoSuchProcess:
+                    continue
+            if left:
+                self.grace_expired.append(time.time())
+                for pid in left:
+                    signal_pid(pid, signal.SIGKILL)
+            return
         if job.poll() is None:
             self.grace_expired.append(time.time())
             job.kill()

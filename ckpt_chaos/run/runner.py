@@ -326,6 +326,7 @@ class ChaosRun:
         group finds, recorded as that launch's end, while its first process waits at its first point."""
         s = self.s
         self.history.add(Exited(launch=launch, rc=None, restarted=True, snapshot=snapshot_checkpoints(self.ckpt_root),
+                                grace_expired=list(self.process.grace_expired),
                                 complete=command.complete(s, self.run_dir), pointer=command.pointer(s, self.run_dir),
                                 files=command.listing(s, self.run_dir)))
 
@@ -393,7 +394,8 @@ class ChaosRun:
                     self.job = job
                     self.roles.clear()
                     self.nemeses.new_launch(Launch(n, job, world, self.pids, self.roles,
-                                                    self._await_pids if s.probe else None))
+                                                    self._await_pids if s.probe else None,
+                                                    restarts_itself=s.recovery.relaunch == "self"))
                 self.history.add(LaunchStarted(launch=n, world_size=world, pid=job.launcher_pids()[0], mode=mode,
                                                probe=s.probe,
                                                **({"backend": self.cluster.backend, "nodes": len(job.agents),
