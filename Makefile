@@ -126,7 +126,7 @@ chaos-examples: setup
 # Training stacks audited in examples/ (docs/analyses/) that make setup leaves out, so that CI neither
 # waits for them nor risks another torch: each extra goes into $(VENV) under constraints.txt, which pins
 # torch, and torch must still be the release CI runs afterwards. Nightly, through chaos-compat.
-STACKS ?= deepspeed
+STACKS ?= deepspeed,ray
 .PHONY: stacks
 stacks: setup
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[$(STACKS)]' 2>&1 | { grep -v "is ignored" || true; }
