@@ -92,8 +92,7 @@ def main() -> None:
             epoch, skip = epoch + 1, 0
             continue
         break
-    if rank == 0:
-        print(f"done at step {step}", flush=True)
+    fabric.print(f"done at step {step}", flush=True)  # local rank 0's
 
 
 if __name__ == "__main__":
