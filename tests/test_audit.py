@@ -221,6 +221,27 @@ def test_generated_scenarios_aim_at_the_discovered_points(tmp_path):
         assert g.left_out or g.text.startswith("# ckpt-chaos audit: ")
 
 
+def test_a_file_staged_outside_the_checkpoint_folder_is_aimed_at_by_its_name_inside(tmp_path):
+    # fsspec's way (Lightning Fabric's fabric.save): the bytes go to a mkstemp file in TMPDIR, moved into
+    # the checkpoint folder by a rename (a copy across file systems); nothing is fsynced
+    r = Records()
+    for s in range(1, 13):
+        r.step(s)
+        if s % 4 == 0:
+            tmp, final = f"tmp/tmpq{s}x7f", f"checkpoints/step_{s}.ckpt"
+            r.point(0, "file.done", path=tmp, bytes=22704, via="open")
+            r.point(0, "file.rename", path=final, src=tmp, call="move")
+    p = discover(r.write(tmp_path / "golden", {f"checkpoints/step_{s}.ckpt": 22704 for s in (4, 8, 12)}))
+    assert p.saves[1].commit == "rename" and p.complete == "step_*.ckpt"
+    gen = {g.name: g for g in generate(p, FAMILIES)}
+    write = _tables(gen["plain-ddp-train--errno--eio-on-write-step-8-ckpt"])["faults"][0]
+    assert write["path"] == "step_8.ckpt", write
+    assert "never fsynced" in gen["plain-ddp-train--errno--eio-on-fsync-step-8-ckpt"].left_out
+    commit = gen["plain-ddp-train--commit--kill-before-commit"].left_out
+    assert commit.startswith("save 2 (after step 8, step_8.ckpt) commits by rename, but no event of its data in the "
+                             "checkpoint folder") and "written elsewhere, tmp, and moved in" in commit, commit
+
+
 def test_generated_scenarios_load_and_are_the_same_each_time(tmp_path):
     golden = plain_ddp(tmp_path)
     first = check(generate(discover(golden)), tmp_path / "s")

@@ -168,6 +168,8 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES,
             f"{f.writer}{' through faultfs, which sees native writers' if f.writer == NATIVE else ''}) in {at}",
             [_mid_write(p, target, f)], ["mid-write"])
 
+    inside = p.ckpt_dir.rstrip("/") + "/"
+    outside = sorted({n.rsplit("/", 1)[0] for f in target.files for n in f.names if not n.startswith(inside)})
     before = target.marks.get("before_commit")
     if before:
         what = f"the pointer {target.pointer}" if target.pointer else f"the rename of {target.entry} into place"
@@ -175,8 +177,13 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES,
             f"rank {before['rank']} is SIGKILLed after the data of {at} is written ({before['point']} of "
             f"{before.get('path')}) and before {what}",
             [{"kind": "kill", "target": f"rank:{before['rank']}", "when": before}], ["commit"])
-    else:
+    elif target.commit == "in-place":
         skip("commit", "before commit", "kill", f"{at} is written in place: it has no commit step to cut before")
+    else:
+        skip("commit", "before commit", "kill",
+             f"{at} commits by {target.commit}, but no event of its data in the checkpoint folder comes before the "
+             f"commit on the committing rank (its data is written elsewhere, {', '.join(outside) or 'unseen'}, and "
+             "moved in): no point here to cut between them")
 
     end = target.marks.get("end")
     for mode in ("undo", "entries-kept"):
@@ -223,13 +230,19 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES,
 
     data = [f for f in target.files if f.final != target.pointer]
     big = max(data, key=lambda f: f.size) if data else None
-    if big:
-        add("errno", _rel(p, big.names[0]), "EIO on write",
-            f"the first write of {big.names[0]} (the largest file of {at}) fails with EIO",
-            [{"kind": "errno", "call": "write", "errno": "EIO", "path": _rel(p, big.names[0]), "nth_call": 1,
+    # errno's path globs the checkpoint folder: a file staged elsewhere (TMPDIR) is aimed at by its first
+    # name inside it, where a copy across file systems writes it
+    named = [n for n in big.names if n.startswith(inside)] if big else []
+    if big and not named:
+        skip("errno", _rel(p, big.final), "EIO on write", f"{big.final} is written outside the checkpoint folder "
+             f"({big.names[0]}), where errno's paths do not reach")
+    elif big:
+        add("errno", _rel(p, named[0]), "EIO on write",
+            f"the first write of {named[0]} (the largest file of {at}) fails with EIO",
+            [{"kind": "errno", "call": "write", "errno": "EIO", "path": _rel(p, named[0]), "nth_call": 1,
               "target": f"rank:{big.rank}", "when": {"point": "step.end", "rank": big.rank, "step": target.step}}],
             ["errno"])
-        synced = next((n for n in big.names if n in target.fsynced), None)
+        synced = next((n for n in named if n in target.fsynced), None)
         if synced:
             add("errno", _rel(p, synced), "EIO on fsync",
                 f"the fsync of {synced} (the largest file of {at}) fails with EIO",
