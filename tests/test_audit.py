@@ -240,6 +240,11 @@ def test_a_file_staged_outside_the_checkpoint_folder_is_aimed_at_by_its_name_ins
     commit = gen["plain-ddp-train--commit--kill-before-commit"].left_out
     assert commit.startswith("save 2 (after step 8, step_8.ckpt) commits by rename, but no event of its data in the "
                              "checkpoint folder") and "written elsewhere, tmp, and moved in" in commit, commit
+    # power loss mounts faultfs on the folder, which makes the move a copy: aimed at the next step's start
+    cuts = [_tables(g)["faults"][0] for g in gen.values() if g.family == "power-loss" and not g.left_out]
+    assert [(f["mode"], f["when"]) for f in cuts] == [(m, {"point": "step.begin", "rank": 0, "step": 9})
+                                                      for m in ("undo", "entries-kept")]
+    assert "the move is a copy" in gen["plain-ddp-train--power-loss--power-loss-entries-kept-commit"].left_out
 
 
 def test_generated_scenarios_load_and_are_the_same_each_time(tmp_path):
