@@ -197,6 +197,7 @@ bench: setup
 	$(PY) benchmarks/soak_goodput.py --rounds 3
 	$(PY) benchmarks/explore_order.py --seeds 40
 	$(PY) benchmarks/explore_planted.py --seeds 0 1 2 --budget 600 --shrink 90
+	$(PY) benchmarks/audit_time.py --rounds 3
 	$(PY) benchmarks/report.py
 
 # Mutation score of the reference trainer's checkpoint path under the default suite (nightly, hours;

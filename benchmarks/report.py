@@ -622,7 +622,24 @@ def mutation_md(d: dict) -> str:
     return out
 
 
+def _audit_md(d: dict) -> str:
+    rows = [[str(i + 1), f"{r['discover_s']:.0f} s", f"{r['relaunch_s']:.0f} s", f"{r['suite_s']:.0f} s",
+             f"{r['total_s']:.0f} s", f"{r['run']} of {r['cells']}", str(r["findings"]), f"{r['loadavg_start']:.1f}"]
+            for i, r in enumerate(d["runs"])]
+    m = d["median"]
+    rows.append(["median", f"{m['discover_s']:.0f} s", f"{m['relaunch_s']:.0f} s", f"{m['suite_s']:.0f} s",
+                 f"{m['total_s']:.0f} s", "", "", ""])
+    return (f"`python benchmarks/audit_time.py --rounds {d['rounds']}` ({d['machine']['cpus']} CPUs, Python "
+            f"{d['machine']['python']}): `{d['command']}` from an empty golden-run cache, timed from outside; the "
+            "parts are those the audit records in its matrix.json: discovery (the fault-free run, twice, and the "
+            "profile), the stop-and-relaunch run, the generated scenarios side by side with the matrix and the "
+            "report. The load average at each round's start says how busy the machine was.\n\n"
+            + _md(["round", "discovery", "stop and relaunch", "scenarios", "first matrix", "cells run", "findings",
+                   "load at start"], rows))
+
+
 TABLES = {
+    "audit_time": ("The audit of the plain DDP example: command line to first matrix", _audit_md),
     "probe_layer": ("What the automatic probe layer costs, and where its faults land", _probe_md),
     "launch_phases": ("Where a launch's time goes", _launch_md),
     "scenario_cost": ("What one scenario and a search minute cost", _cost_md),

@@ -183,7 +183,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     (out / "profile.json").write_text(profile.to_json() + "\n")
     for line in describe(profile):
         say(line)
-    say(f"profile: {out / 'profile.json'} ({time.monotonic() - started:.0f}s)")
+    phases = {"fault_free_and_profile_s": round(time.monotonic() - started, 1)}
+    say(f"profile: {out / 'profile.json'} ({phases['fault_free_and_profile_s']:.0f}s)")
     if profile.complete is None:
         print("ckpt-chaos audit: cannot tell which checkpoint the trainer resumes from: "
               + "; ".join(profile.problems) + " (--complete, or complete in [tool.ckpt-chaos.audit])", file=sys.stderr)
@@ -196,6 +197,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             r = relaunch.stop_and_relaunch(profile, out / "relaunch", root)
         profile.relaunch = r.to_dict() if r else None
         (out / "profile.json").write_text(profile.to_json() + "\n")
+        phases["stop_and_relaunch_s"] = round(time.monotonic() - started - sum(phases.values()), 1)
         for line in relaunch.describe(r):
             say(line)
         if r is not None and (why := relaunch.never_resumed(profile, r)):
@@ -220,8 +222,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if code == EXIT_INTERRUPTED:
         return code  # the suite runner said what it stopped and wrote its report
     cs = matrix.cells(gen, results)
+    wall = round(time.monotonic() - started, 1)
+    phases["scenarios_s"] = round(wall - sum(phases.values()), 1)
     (out / "matrix.json").write_text(json_out_text({"profile": str(out / "profile.json"), "results": str(results),
-                                                    "wall_s": round(time.monotonic() - started, 1), "cells": cs}))
+                                                    "wall_s": wall, "phases": phases, "cells": cs}))
     if results is not None:  # the suite's HTML report, headed by the grid
         from ckpt_chaos.report.results import rebuild
 
