@@ -22,7 +22,7 @@ RANK0_POINTS = ("ckpt.metadata", "ckpt.fsync", "ckpt.manifest", "ckpt.commit", "
                 "remote.download", "remote.restored")
 # The points of the remote tier's uploader, a process of its own (role "uploader").
 UPLOADER_POINTS = ("upload.begin", "upload.write", "upload.object", "upload.verify", "upload.durable",
-                   "upload.failed", "remote.retention")
+                   "upload.failed", "upload.end", "remote.retention")
 
 Process = tuple[str, "int | None"]  # ("rank" | "faultfs", rank or None: any) | ("uploader" | "harness", None)
 

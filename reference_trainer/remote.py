@@ -393,11 +393,17 @@ class Uploader:
         except (OSError, ValueError) as e:
             shutil.rmtree(self.root / (UPLOAD_PREFIX + name), ignore_errors=True)  # what was staged
             self.log("upload_abandoned", name=name, reason=f"local copy gone or unreadable: {e}")
+            probe.point("upload.end", name=name, durable=False)
             return False
+        durable = False
         try:
-            return self._upload(name, path, manifest, retries, backoff, started)
+            durable = self._upload(name, path, manifest, retries, backoff, started)
+            return durable
         finally:
             shutil.rmtree(path, ignore_errors=True)
+            # one event whatever the outcome, so that a scenario can wait for the uploader to be done
+            # with a checkpoint without knowing whether it was refused, retried or made durable
+            probe.point("upload.end", name=name, durable=durable)
 
     def stage(self, name: str) -> tuple[Path, dict]:
         """Hard-link the checkpoint's files into ``.upload-<name>``: local retention may delete the

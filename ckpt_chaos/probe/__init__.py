@@ -59,6 +59,7 @@ POINTS = (
     "upload.verify",  # every object put; checking them against the manifest
     "upload.durable",  # manifest.json put: the remote copy is durable
     "upload.failed",  # an attempt failed (it is retried with backoff)
+    "upload.end",  # done with a checkpoint, whatever the outcome (`durable` in its info)
     "remote.retention",  # old remote checkpoints deleted
     "remote.download",  # rank 0, at start: a newer durable remote checkpoint is being downloaded
     "remote.restored",  # ... validated and committed locally
