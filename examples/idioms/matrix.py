@@ -343,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             s.add_argument("-n", type=int, default=int(os.environ.get("IDIOMS_JOBS", "2")))
             s.add_argument("--out", type=Path, default=REPO / "build" / "idioms")
             s.add_argument("--table", type=Path, default=None)
+            s.add_argument("--skip", type=Path, nargs="*", default=[], metavar="MATRIX_JSON",
+                           help="leave out the cells these earlier runs' matrix.json files hold")
     j = sub.add_parser("rejudge", help="judge the cells of earlier runs again (their results.json), as this "
                                         "model and judge say now; rewrites each OUT/matrix.json")
     j.add_argument("outs", type=Path, nargs="+")
@@ -375,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
             e = c.expected
             print(f"{c.name}\t{e.verdict}\t{e.why}")
         return 0
+    if args.cmd == "run" and args.skip:
+        done = {x["cell"] for m in args.skip for x in json.loads(m.read_text())["cells"]}
+        chosen = [c for c in chosen if c.name not in done]
     if args.cmd == "write":
         for path in write(args.folder, chosen):
             print(path)
