@@ -231,7 +231,9 @@ def validate(s: Scenario) -> None:
         if s.resumed_world_size() > s.world_size:
             raise _error(src, "recovery.world_size", "an elastic torchrun job only shrinks here (no node joins)",
                          "use relaunch = \"harness\" to grow")
-    if s.resumed_world_size() != s.world_size and s.expect.trajectory == "bit-exact":
+    # a relaunch that must refuse the new size trains nothing: the ones after it are at the old size
+    if (s.resumed_world_size() != s.world_size and "world_size" not in s.expect.refused
+            and s.expect.trajectory == "bit-exact"):
         raise _error(src, "expect.trajectory", "bit-exact across a world-size change",
                      "use trajectory = \"tolerance\" (the README says why)")
     for i, f in enumerate(s.faults):
@@ -314,6 +316,11 @@ def _check_changes(s: Scenario) -> None:
             raise _error(src, f"recovery.changes[{i}]", "an empty last table changes nothing",
                          "drop it: relaunches past the list run the scenario's own [trainer]")
     changed = {k for change in changes for k in change}
+    if "world_size" in s.expect.refused and "world_size" not in changed:
+        if s.command is None or s.resumed_world_size() == s.world_size:
+            raise _error(src, "expect.refused", "world_size is refused only where a [command] trainer's relaunch "
+                         "changes it", "set recovery.world_size to another number of ranks, in a [command] scenario")
+        changed.add("world_size")
     for k in s.expect.refused:
         if k not in changed:
             raise _error(src, "expect.refused", f"{k!r} is changed by no relaunch",
@@ -374,6 +381,8 @@ def _check_command(s: Scenario) -> None:
     if (spec.fs != "host" or spec.faultfs) and Path(c.ckpt_dir) != Path("checkpoints"):
         raise _error(src, "command.ckpt_dir", f"storage faults act on the run directory's checkpoints folder, "
                      f"not {c.ckpt_dir!r}", "use ckpt_dir = \"checkpoints\"")
+    if c.resize_rng is not None and c.resize_rng not in ("keep", "reseed", "shared"):
+        raise _error(src, "command.resize_rng", f"{c.resize_rng!r}", "use keep, reseed or shared (docs/checks.md)")
     if c.save_every is not None and c.save_every < 1:
         raise _error(src, "command.save_every", f"{c.save_every}", "use the trainer's checkpoint interval in steps")
     if c.saves_in_flight < 0:

@@ -238,6 +238,9 @@ class Command:
     """Steps between digests of the model and optimizer state (0: around saves and at exit)."""
     requires: list[str] = field(default_factory=list)
     """Python modules it imports (lightning): without them the scenario is skipped, loudly."""
+    resize_rng: str | None = None
+    """Whose random stream each rank goes on with after a resume at another world size, as the trainer
+    declares it (keep | reseed | shared: ``check/trajectory.py`` RULES); None: none declared."""
 
 
 @dataclass
@@ -251,7 +254,8 @@ class Recovery:
     max_restarts: int = 1
     """Relaunches allowed; a fault's attempt must not exceed it."""
     world_size: int | None = None
-    """The world size of relaunches (None: unchanged)."""
+    """The world size of relaunches (None: unchanged). With "world_size" in expect.refused, of the first
+    relaunch only: it must refuse, and the relaunches after it run at the scenario's world_size again."""
     changes: list[dict[str, Any]] = field(default_factory=list)
     """Trainer keys an operator changes before each relaunch (the first table: the first relaunch);
     a relaunch past the list runs the scenario's own [trainer] again. A [command] trainer gets them
@@ -368,6 +372,13 @@ class Scenario:
 
     def resumed_world_size(self) -> int:
         return self.recovery.world_size or self.world_size
+
+    def launch_world_size(self, launch: int) -> int:
+        """The ranks launch ``launch`` starts: the scenario's, recovery.world_size's on a relaunch, and the
+        scenario's again after a first relaunch that had to refuse it (expect.refused names world_size)."""
+        if launch == 0 or (launch > 1 and "world_size" in self.expect.refused):
+            return self.world_size
+        return self.resumed_world_size()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

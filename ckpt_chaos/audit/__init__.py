@@ -20,7 +20,7 @@ from typing import Any
 
 # the fault families generate.py writes scenarios for (docs/audit.md); here, so that the command line's
 # parser names them without importing the generator
-FAMILIES = ("mid-write", "commit", "power-loss", "term", "disk-full", "errno", "kill", "load", "corrupt")
+FAMILIES = ("mid-write", "commit", "power-loss", "term", "disk-full", "errno", "kill", "load", "resize", "corrupt")
 # corrupt only when asked: its check (faults/storage.py, corruption_detected) counts a rejection by the
 # reference trainer's ckpt_rejected event, which a [command] trainer never writes, so a trainer that
 # passes over the damaged checkpoint and resumes from the one before would fail it

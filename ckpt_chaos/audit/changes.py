@@ -1,6 +1,7 @@
 """Relaunches with an option changed, expected refused or accepted as declared: one generator for the
 audit's ``--change KEY=VALUE`` (a ``[command]`` trainer, whose user declares which options a resume may
-take: ``--resumable``) and for the reference trainer's catalogue, whose relaunch-change scenarios are one
+take: ``--resumable``), and its ``--resize N=resumes|refused`` (a relaunch on another number of ranks,
+``with_resize``), and for the reference trainer's catalogue, whose relaunch-change scenarios are one
 per field its profile declares (``promises.relaunch_cases``: the changed value, and whether a resume
 must refuse it), written as ordinary scenario files by ``python -m ckpt_chaos.audit.changes`` and held to
 it by ``tests/test_audit.py``, so that a field added to the trainer's configuration gets its scenario.
@@ -60,6 +61,65 @@ def with_change(data: dict, c: Change) -> dict:
     if c.refused:
         expect["refused"] = [c.key]
     return {**data, "recovery": recovery, "expect": expect}
+
+
+# ---- a relaunch on another number of ranks: the audit's --resize N=resumes|refused -------------------------
+
+# the tolerance of the catalogue's resize scenarios (kill-all-resume-on-four-of-two.toml): a step's loss
+# after a world-size change may differ by this much, its sums reduced in another order
+RESIZE_REL_TOL = 0.03
+RESIZE_WORDS = ("resumes", "refused")
+RNG_RULES = ("keep", "reseed", "shared")  # check/trajectory.py RULES
+
+
+@dataclass(frozen=True)
+class Resize:
+    world: int
+    resumes: bool
+    """It must resume on ``world`` ranks (else refuse to, and resume at its own size after)."""
+    rng: str = "keep"
+    """Whose random stream each rank goes on with after resuming (``command.resize_rng``)."""
+
+
+def parse_resize(text: str, nproc: int) -> Resize:
+    """``N=resumes`` or ``N=refused`` as ``--resize`` gives it (``N=resumes:RULE`` for a rule of the random
+    streams other than keep). Raises ValueError saying what to write."""
+    n, eq, word = text.partition("=")
+    word, _, rule = word.strip().partition(":")
+    fix = "write --resize N=resumes or --resize N=refused, N the ranks of the relaunch, e.g. --resize 1=resumes"
+    try:
+        world = int(n.strip())
+    except ValueError:
+        raise ValueError(f"--resize {text}: {n.strip() or 'nothing'} is not a number of ranks; {fix}") from None
+    if not eq or world < 1:
+        raise ValueError(f"--resize {text}: {fix}")
+    if world == nproc:
+        raise ValueError(f"--resize {text}: {world} ranks is the trainer's own size (--nproc {nproc}); give another "
+                         f"number, e.g. --resize {1 if nproc > 1 else 2}={word or 'resumes'}")
+    if word not in RESIZE_WORDS:
+        raise ValueError(f"--resize {text}: {word!r} is neither resumes nor refused; {fix}")
+    if rule and (word != "resumes" or rule not in RNG_RULES):
+        raise ValueError(f"--resize {text}: the rule of the random streams after a resume goes after resumes, one of "
+                         f"{', '.join(RNG_RULES)}: e.g. --resize {world}=resumes:shared")
+    return Resize(world, word == "resumes", rule or "keep")
+
+
+def with_resize(data: dict, r: Resize) -> dict:
+    """A scenario's tables with its first relaunch on ``r.world`` ranks (``recovery.world_size``): refused,
+    it must exit non-zero and leave every checkpoint as it was, and the next relaunch, at the scenario's
+    own size, resumes (``expect.refused`` names ``world_size``: at least two relaunches); resumed, it
+    resumes and trains on within the catalogue's tolerance, each rank's random stream as ``r.rng`` says."""
+    recovery = {k: v for k, v in data.get("recovery", {}).items() if k != "world_size"}
+    recovery["world_size"] = r.world
+    expect = {k: v for k, v in data.get("expect", {}).items() if k not in ("refused", "trajectory", "rel_tol")}
+    command = dict(data.get("command", {}))
+    if r.resumes:
+        expect.update(trajectory="tolerance", rel_tol=RESIZE_REL_TOL)
+        command["resize_rng"] = r.rng
+    else:
+        recovery["max_restarts"] = max(2, recovery.get("max_restarts", 1))
+        expect["refused"] = ["world_size"]
+    return {**data, "command": command, "recovery": recovery, "expect": expect}
 
 
 # ---- the reference trainer's catalogue -----------------------------------------------------------------

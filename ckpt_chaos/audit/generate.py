@@ -19,7 +19,10 @@ or the only one. Per family (``FAMILIES``):
 * ``corrupt`` (only when asked, ``DEFAULT_FAMILIES``): the newest checkpoint damaged (truncated) before
   a kill, for a trainer whose checkpoints are folders (the fault damages the files of a folder);
 * ``change`` (one per ``--change KEY=VALUE``, ``changes.py``): every rank killed between two saves, and the
-  relaunch given the option changed, expected refused or accepted as the user declares.
+  relaunch given the option changed, expected refused or accepted as the user declares;
+* ``resize`` (one per ``--resize N=resumes|refused``, ``changes.with_resize``): every rank killed between two
+  saves, and the relaunch on N ranks, expected to resume or to refuse as the user declares; undeclared,
+  a row left out that says what to declare.
 
 A fault this machine cannot inject (root, FUSE, tmpfs) is left out with the reason the harness gives
 (``faults.requirements``), as is one the profile gives no point for.
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_chaos.audit import DEFAULT_FAMILIES, toml_value
-from ckpt_chaos.audit.changes import Change, with_change
+from ckpt_chaos.audit.changes import Change, Resize, with_change, with_resize
 from ckpt_chaos.audit.discover import NATIVE, Profile, Save, SeenFile, glob_escape
 from ckpt_chaos.probe import follow
 
@@ -89,11 +92,11 @@ def _command(p: Profile) -> dict:
 
 
 def _text(p: Profile, why: str, faults: list[dict], tags: list[str], storage: dict | None = None,
-          recovery: dict | None = None, expect: dict | None = None) -> str:
+          recovery: dict | None = None, expect: dict | None = None, command: dict | None = None) -> str:
     lines = [f"# ckpt-chaos audit: {why}", "# Generated from the trainer's fault-free run; rerun with ckpt-chaos run.",
              f"description = {toml_value(why)}", f"tags = {toml_value(['audit', *tags])}",
              f"world_size = {p.world_size}", f"suites = {toml_value([SUITE])}", "", "[command]"]
-    lines += [f"{k} = {toml_value(v)}" for k, v in _command(p).items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in {**_command(p), **(command or {})}.items()]
     if storage:
         lines += ["", "[storage]"] + [f"{k} = {toml_value(v)}" for k, v in storage.items()]
     for f in faults:
@@ -136,9 +139,10 @@ def _rel(p: Profile, path: str) -> str:
 
 
 def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES,
-             changes: tuple[Change, ...] = ()) -> list[Generated]:
-    """The audit's scenarios for ``p``, in a fixed order, and one per declared relaunch change (``changes``,
-    whatever ``families`` says); those this machine cannot run carry ``left_out``."""
+             changes: tuple[Change, ...] = (), resizes: tuple[Resize, ...] = ()) -> list[Generated]:
+    """The audit's scenarios for ``p``, in a fixed order, and one per declared relaunch change (``changes``)
+    and world-size change (``resizes``), whatever ``families`` says; those this machine cannot run carry
+    ``left_out``."""
     if p.complete is None:
         raise ValueError("the profile has no complete rule: " + "; ".join(p.problems))
     name = trainer_name(p)
@@ -289,6 +293,8 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES,
             [{"kind": "kill", "target": "all", "when": {"point": "step.begin", "rank": 0, "step": mid}}],
             ["config-change"], recovery=tables["recovery"], expect=tables["expect"])))
 
+    out += _resizes(p, name, resizes, families, prev, mid)
+
     if prev is None:
         skip("load", "relaunch load", "kill", "the first save is the target: no checkpoint before it to load")
         skip("corrupt", "newest checkpoint", "truncate", "no checkpoint before the target save to corrupt")
@@ -324,6 +330,50 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES,
         skip("corrupt", "newest checkpoint", "truncate",
              f"the corrupt fault damages the files of a checkpoint folder, and this trainer's checkpoints are "
              f"single files ({prev.entry})")
+    return out
+
+
+def _resizes(p: Profile, name: str, resizes: tuple[Resize, ...], families: tuple[str, ...], prev: Save | None,
+             mid: int) -> list[Generated]:
+    """A scenario per declared world-size change: every rank killed as step ``mid`` begins (the ``kill``
+    family's fault), the first relaunch on another number of ranks. Undeclared, a row left out saying
+    what to declare (in the ``resize`` family): whether a trainer may resume on another number of ranks
+    is its own promise, which no run shows."""
+    kill = [{"kind": "kill", "target": "all", "when": {"point": "step.begin", "rank": 0, "step": mid}}]
+    other = 1 if p.world_size > 1 else 2
+    if p.command.get("launcher", "torchrun") == "self":
+        why = ("the trainer starts its own ranks (--launcher self): how many is its command's to say, not a "
+               "relaunch's to change")
+        return [Generated(f"{name}--resize--{r.world}-ranks", "resize", "relaunch", f"{r.world} ranks", "",
+                          left_out=why) for r in resizes] or (
+            [Generated(f"{name}--resize--world-size-change", "resize", "relaunch", "world size change", "",
+                       left_out=why)] if "resize" in families else [])
+    if not resizes:
+        return [Generated(f"{name}--resize--world-size-change", "resize", "relaunch", "world size change", "",
+                          left_out=f"declare --resize {other}=resumes or {other}=refused: whether a trainer may "
+                                   "resume on another number of ranks is its own promise")] \
+            if "resize" in families else []
+    out = []
+    for r in resizes:
+        word = "resumes" if r.resumes else "refused"
+        n, fault = f"{name}--resize--{r.world}-ranks-{word}", f"{r.world} ranks {word}"
+        if prev is None:
+            out.append(Generated(n, "resize", "relaunch", fault, "", left_out=(
+                f"the first save is the target: a relaunch as step {mid} begins has no checkpoint to resume or to "
+                "refuse to resume")))
+            continue
+        declared = (f"which the user declares it refuses: the relaunch must exit non-zero, train no step and leave "
+                    f"its checkpoints as they were, and the next relaunch, on {p.world_size} rank(s) again, resume "
+                    f"from {prev.entry}" if not r.resumes else
+                    f"which the user declares it takes: it must resume from {prev.entry}, the newest whole checkpoint, "
+                    f"and train on within {with_resize({}, r)['expect']['rel_tol']:.0%} of the fault-free "
+                    f"run's losses (bit for bit is not promised across a world-size change), each rank's random "
+                    f"stream as rule {r.rng} says (command.resize_rng)")
+        tables = with_resize({}, r)
+        out.append(Generated(n, "resize", "relaunch", fault, _text(
+            p, f"every rank is SIGKILLed as step {mid} begins and the job is relaunched on {r.world} rank(s) instead "
+               f"of {p.world_size}, {declared}", kill, ["world-size-change"], recovery=tables["recovery"],
+            expect=tables["expect"], command=tables["command"])))
     return out
 
 

@@ -23,7 +23,8 @@ from ckpt_chaos.check.outcome import FILE_LANDED_POINTS, LANDED_POINTS, fault_ef
 from ckpt_chaos.check.promises import (committed_kept, final_directory, carries_manifest,
                                      refused_keys, save_failure_policy)
 from ckpt_chaos.check.remote import remote_tier
-from ckpt_chaos.check.resume import cadence, config_changes, loaded_equals_saved, lost_work, resume_from, resumes
+from ckpt_chaos.check.resume import (cadence, config_changes, loaded_equals_saved, lost_work, resize_refused,
+                                     resume_from, resumes)
 from ckpt_chaos.check.timings import reported_timings, timings
 from ckpt_chaos.check.trajectory import resize_rng, trajectory_check
 from ckpt_chaos.check.verdict import CheckSpec, Report, Run
@@ -149,5 +150,8 @@ COMMAND: tuple[CheckSpec, ...] = (
     CheckSpec("retention", lambda s: s.command.keep_last is not None, final_directory),
     CheckSpec("config_accepted", _changes(False), config_changes),
     CheckSpec("config_refused", _changes(True), config_changes),
+    CheckSpec("resize_refused", lambda s: relaunched(s) and "world_size" in s.expect.refused, resize_refused),
+    CheckSpec("resize_rng", lambda s: relaunched(s) and s.resumed_world_size() != s.world_size
+              and "world_size" not in s.expect.refused, resize_rng),
     CheckSpec("detected_in_time", lambda s: s.expect.detect_within_s is not None and relaunched(s), timings),
 )

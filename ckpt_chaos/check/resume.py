@@ -397,3 +397,34 @@ def _command_config_changes(run: Run, ev: Evidence, report: Report) -> None:
             report.add("config_refused", True, at=n, detail=f"launch {n} changed {what} and was refused: it exited "
                        f"{ex.rc} naming {', '.join(refused)} without training a step, its complete checkpoints "
                        "as they were")
+
+
+def resize_refused(run: Run, report: Report) -> None:
+    """``resize_refused@1``: a first relaunch on another number of ranks that the trainer declares it
+    refuses (``expect.refused`` names ``world_size``) exits non-zero, trains no step and leaves its
+    complete checkpoints as they were; the relaunch after it, at the old size, is held to
+    ``resumed_newest`` as any other. Its output need not name a key: ranks are not an option of its
+    command line."""
+    ex, before = run.exit_of(1), run.exit_of(0)
+    if ex is None or "world_size" not in run.s.expect.refused:
+        return
+    old, new = run.s.world_size, run.s.launch_world_size(1)
+    trained = run.evidence.trained(1)
+    problems = [f"it exited with status {ex.rc}"] if ex.rc == 0 or ex.rc is None else []
+    if trained:
+        problems.append(f"it trained steps {trained[0]} to {trained[-1]}")
+    untouched = None if before is None or before.complete is None or ex.complete is None else \
+        before.complete == ex.complete
+    if untouched is False:
+        problems.append(f"its complete checkpoints changed: {sorted(before.complete)} before it, "
+                        f"{sorted(ex.complete)} after it")
+    head = f"launch 1 ran on {new} rank(s), saved by {old}, which the trainer declares it refuses"
+    if problems:
+        report.add("resize_refused", False, at=1, detail=f"{head}, but " + "; ".join(problems))
+    elif untouched is None:
+        report.add("resize_refused", "unknown", at=1, detail=f"{head}: it exited {ex.rc} without training, but what "
+                   "was complete around it was not recorded, so whether it left the checkpoints as they were is not "
+                   "known")
+    else:
+        report.add("resize_refused", True, at=1, detail=f"{head}: it exited {ex.rc} without training a step, its "
+                   "complete checkpoints as they were")

@@ -181,20 +181,59 @@ def _command_trajectory(run: Run, ev: Evidence, report: Report, gold: dict, got:
         report.add("trajectory", True, f"{len(gold)} steps identical to the golden run, bit for bit"
                    + (", and the state the job ended with" if final is not None else ""))
         return
-    tol, worst, at = run.s.expect.rel_tol, 0.0, None
+    tol, worst, at, unsure = run.s.expect.rel_tol, 0.0, None, None
     for step in sorted(gold):
         if gold[step].get("samples") != got[step].get("samples"):
-            report.add("trajectory", False, _command_diagnosis(run, ev, gold, got, step, ["samples"]))
-            return
+            resized = _resized_samples(run, gold, got, step)
+            if resized is None or resized[0] == "fail":
+                report.add("trajectory", False, resized[1] if resized else
+                           _command_diagnosis(run, ev, gold, got, step, ["samples"]))
+                return
+            unsure = unsure or resized[1]
+            continue
         a, b = _loss(gold[step]), _loss(got[step])
         rel = abs(a - b) / max(abs(a), 1e-12)
         if rel > worst:
             worst, at = rel, step
     if worst <= tol and _past_the_end(run, ev, report, gold, got):
         return
+    if worst <= tol and unsure:
+        report.add("trajectory", "unknown", unsure)
+        return
     report.add("trajectory", worst <= tol, f"same samples at every step; largest relative loss difference "
                f"{worst:.3%} (step {at}), tolerance {tol:.1%}" if worst <= tol else
                _command_diagnosis(run, ev, gold, got, at, [f"loss off by {worst:.2%} > {tol:.1%}"]))
+
+
+def _flat(samples) -> set:
+    out = set()
+    for x in samples or []:
+        out |= {repr(i) for i in x} if isinstance(x, list) else {repr(x)}
+    return out
+
+
+def _resized_samples(run: Run, gold: dict, got: dict, step: int) -> tuple[str, str] | None:
+    """The verdict on a step whose rank 0 trained on other samples than the golden run's rank 0, where a
+    launch at another world size trained it (None where the sizes are the same: a divergence). The
+    trajectory holds rank 0's samples only, and rank 0's share of a batch follows the world size, so
+    other samples are no fault in themselves; on one rank, though, rank 0's are the job's, and a sample
+    golden rank 0 trained at that step missing from it is a step the job did not train as it should."""
+    launch = got[step].get("attempt", 0)
+    world = run.s.launch_world_size(launch)
+    if world == run.s.world_size:
+        return None
+    head = (f"step {step}, trained by launch {launch} on {world} rank(s) where the golden run had "
+            f"{run.s.world_size}")
+    if world == 1:
+        mine, theirs = _flat(got[step].get("samples")), _flat(gold[step].get("samples"))
+        lost = theirs - mine
+        if lost:
+            return "fail", (f"trajectory diverges at {head}: its one rank trained on {len(theirs) - len(lost)} of "
+                            f"the {len(theirs)} samples golden rank 0 trained at that step, where the job must train "
+                            "every sample of the golden run's step" + sample_shift(gold, got, step, "samples"))
+    return "unknown", (f"at {head}, rank 0 trained on other samples than golden rank 0 (its share of the step "
+                       "follows the world size), and the trajectory records rank 0's samples and loss only: whether "
+                       "the job trained on the golden run's samples, and its losses, cannot be compared")
 
 
 def _past_the_end(run: Run, ev: Evidence, report: Report, gold: dict, got: dict) -> bool:
@@ -302,11 +341,15 @@ RULES = {"keep": "a rank that was there before goes on with its own saved stream
 
 def resize_rng(run: Run, report: Report) -> None:
     """``resize_rng@NAME``: after a resume from ``NAME`` at another world size, whose random stream each
-    rank went on with follows the rule the trainer declares (its profile's ``resize_rng``), judged from the
-    digests the probe took of each rank's streams where the save captured them (``ckpt.stage``, in the
-    launch that committed it) and where the load had restored them (``load.end``)."""
+    rank went on with follows the rule the trainer declares (its profile's ``resize_rng``; a ``[command]``
+    trainer's ``command.resize_rng``), judged from the digests the probe took of each rank's streams where
+    the save captured them (``ckpt.stage``, in the launch that committed it) and where the load had
+    restored them (``load.end``)."""
     from ckpt_chaos.probe.profile import profile_of
 
+    if run.s.command is not None:
+        _command_resize_rng(run, report)
+        return
     p = profile_of(run.s)
     for load in run.trainer("loaded"):
         old, new = load.get("saved_world_size"), load.get("world_size")
@@ -318,6 +361,44 @@ def resize_rng(run: Run, report: Report) -> None:
                                          restored_streams(run, name, launch))
         report.add("resize_rng", verdict, at=name, detail=f"launch {launch} resumed from {name}, saved by {old} "
                    f"rank(s), on {new}: {detail}")
+
+
+# the loads of the automatic probe layer that set the random streams themselves, so that the digest at
+# their load.end is what each rank restored (Accelerator.load_state restores random_states_N.pkl); after
+# torch.load or dcp.load the trainer sets its streams from what it loaded, later
+RESTORES_RNG = ("accelerate",)
+
+
+def _command_resize_rng(run: Run, report: Report) -> None:
+    import os
+
+    rule = run.s.command.resize_rng
+    if "world_size" in run.s.expect.refused:
+        return  # resize_refused judges the relaunch on another number of ranks
+    for launch in run.launches()[1:]:
+        new = run.s.launch_world_size(launch)
+        r = run.evidence.resumed_from(launch)
+        if new == run.s.world_size or not r.decided or r.checkpoint is None:
+            continue  # no resize, or no resume: resumed_newest says which
+        name = os.path.basename(r.checkpoint.rstrip("/"))
+        ends = [h for h in run.probes("load.end") if h.launch == launch and h.info.get("name") == name
+                and not h.info.get("failed")]
+        start = min((h.t for h in ends), default=float("inf"))
+        saved = saved_streams(run, name, launch, start)
+        staged = [h.launch for h in run.probes("ckpt.stage") if h.info.get("name") == name and h.launch < launch]
+        old = run.s.launch_world_size(max(staged)) if staged else run.s.world_size
+        head = f"launch {launch} resumed from {name}, saved by {old} rank(s), on {new}: "
+        raw = sorted({h.info.get("via") or "?" for h in ends} - set(RESTORES_RNG))
+        if rule not in RULES:
+            verdict, detail = "unknown", ("the trainer declares no rule for its random streams after a world-size "
+                                          "change (command.resize_rng: keep, reseed or shared)")
+        elif raw:
+            verdict, detail = "unknown", (f"the probe's digest at load.end was taken as {', '.join(raw)} returned, "
+                                          "before the trainer sets its random streams from what it loaded: what "
+                                          "each rank restored is not recorded")
+        else:
+            verdict, detail = resize_verdict(rule, old, new, saved, restored_streams(run, name, launch))
+        report.add("resize_rng", verdict, at=name, detail=head + detail)
 
 
 def saved_streams(run: Run, name: str, launch: int, before: float) -> dict[int, str | None]:

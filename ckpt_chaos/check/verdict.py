@@ -41,7 +41,8 @@ CAUSAL = ("harness_ok", "no_hang", "fault_fired", "fault_landed",
           "committed_survives", "latest_valid", "committed_valid", "manifest_facts", "uploaded_durable",
           "remote_durable_complete", "final_durable", "restored_durable", "restored_in_place",
           "resumed_newest_valid", "resumed_newest", "never_loaded_torn", "no_torn_read", "resume_from",
-          "loaded_equals_saved", "config_refused", "config_accepted", "trajectory", "final_state", "lost_work")
+          "loaded_equals_saved", "config_refused", "config_accepted", "resize_refused", "trajectory", "final_state",
+          "lost_work")
 OUTCOMES = ("fault_job_failed", "fault_sigterm_honoured", "job_completed")
 
 

@@ -81,7 +81,7 @@ def watched(s: Scenario, run_dir: Path) -> list[Path]:
 def recorded(s: Scenario, run_dir: Path) -> list[Path]:
     """The folders whose file events the fanotify recorder keeps (``files.jsonl``): the watched ones
     and the ``TMPDIR`` the command sets, as any launch sets it."""
-    tmp = {environment(s, run_dir, a, s.world_size if a == 0 else s.resumed_world_size()).get("TMPDIR")
+    tmp = {environment(s, run_dir, a, s.launch_world_size(a)).get("TMPDIR")
            for a in range(s.recovery.max_restarts + 1)}
     return watched(s, run_dir) + sorted(Path(t) for t in tmp if t)
 

@@ -367,7 +367,7 @@ class ChaosRun:
             if s.command is not None:
                 command.report_to(self.storage, s, server.address, self.planned)
             for n in range(launches):
-                world = s.world_size if n == 0 else s.resumed_world_size()
+                world = s.launch_world_size(n)
                 self.launch_no = n
                 self.pids.clear()
                 env = {ENV_ATTEMPT: str(n), **(self.storage.fiu_env() if self.storage.spec.libfiu else {}),

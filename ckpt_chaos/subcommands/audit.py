@@ -24,7 +24,8 @@ KEYS = {"argv": (list, 'argv = ["train.py", "--ckpt-dir", "{ckpt_dir}"]'), "npro
         "out": (str, 'out = "build/audit"'), "jobs": (int, "jobs = 2"),
         "families": (list, 'families = ["mid-write", "kill"]'), "complete": ((str, dict), 'complete = "step_*"'),
         "save_every": (int, "save_every = 100"), "keep_last": (int, "keep_last = 2"),
-        "changes": (list, 'changes = ["seed=7", "save-every=2"]'), "resumable": (list, 'resumable = ["save-every"]')}
+        "changes": (list, 'changes = ["seed=7", "save-every=2"]'), "resumable": (list, 'resumable = ["save-every"]'),
+        "resize": (list, 'resize = ["1=resumes"]')}
 
 
 def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
@@ -51,6 +52,8 @@ def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
                         "--resumable (repeatable)")
     c.add_argument("--resumable", action="append", default=None, metavar="KEY",
                    help="an option a resume may take changed: its --change must resume (repeatable)")
+    c.add_argument("--resize", action="append", default=None, metavar="N=resumes|refused",
+                   help="a relaunch on N ranks, which the trainer declares it resumes from or refuses (repeatable)")
     c.add_argument("--families", default=None,
                    help=f"fault families to generate, comma-separated, of {','.join(FAMILIES)} (default: all but "
                         "corrupt, whose check needs a rejection event a [command] trainer does not write)")
@@ -69,7 +72,7 @@ def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
 def _table_value(file, table: dict, key: str):
     want, example = KEYS[key]
     v = table[key]
-    if key in ("argv", "relaunch_args", "key", "families", "changes", "resumable") and isinstance(v, str):
+    if key in ("argv", "relaunch_args", "key", "families", "changes", "resumable", "resize") and isinstance(v, str):
         v = shlex.split(v) if key != "families" else v.split(",")
     if not isinstance(v, want) or isinstance(v, bool) or (isinstance(v, list)
                                                           and not all(isinstance(x, str) for x in v)):
@@ -141,6 +144,22 @@ def changes_of(args: argparse.Namespace, given: dict) -> tuple:
     return changes
 
 
+def resizes_of(args: argparse.Namespace, given: dict, nproc: int) -> tuple:
+    """The world-size changes declared (``--resize``, else the table's ``resize``)."""
+    from ckpt_chaos.audit.changes import parse_resize
+
+    try:
+        resizes = tuple(parse_resize(t, nproc) for t in (args.resize if args.resize is not None
+                                                         else given.get("resize", [])))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    twice = sorted({r.world for r in resizes if sum(x.world == r.world for x in resizes) > 1})
+    if twice:
+        raise UsageError(f"--resize {twice[0]}: declared more than once; a trainer resumes on {twice[0]} ranks or "
+                         "refuses to, so give one of the two")
+    return resizes
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -157,6 +176,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if bad:
         raise UsageError(f"--families {bad[0]}: unknown family; choose from {', '.join(FAMILIES)}")
     changes = changes_of(args, given)
+    resizes = resizes_of(args, given, spec.nproc)
     console = Console(stderr=args.json)
     say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     if why := missing(spec.scenario()):
@@ -209,7 +229,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     folder = Path(args.write_scenarios) if args.write_scenarios else out / "scenarios"
-    gen = gen_mod.check(gen_mod.generate(profile, families, changes), folder, g)
+    gen = gen_mod.check(gen_mod.generate(profile, families, changes, resizes), folder, g)
     paths = gen_mod.write(gen, folder)
     say(f"{len(paths)} scenario(s) in {folder}")
     for x in gen:
