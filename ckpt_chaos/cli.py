@@ -203,12 +203,17 @@ def _explore_options(c: argparse.ArgumentParser) -> None:
     c.add_argument("--budget", type=_duration, default=_duration("20m"), help="search time, e.g. 3m, 20m, 1h")
     c.add_argument("--shrink-budget", type=_duration, default=None,
                    help="time to shrink each failure found (default: half the budget, 1 to 5 minutes)")
-    c.add_argument("--families", default="process,storage",
-                   help="fault families to compose: process, storage, topology (relaunches on fewer ranks), "
-                        "remote (the upload tier)")
-    c.add_argument("--trainer", default="reference_trainer", help="python module of the trainer (-m under torchrun)")
+    c.add_argument("--families", default=None,
+                   help="fault families to compose: process, storage (the default), topology (relaunches on fewer "
+                        "ranks), remote (the upload tier); with --command, the audit's families (default: as audit's)")
+    c.add_argument("--trainer", default=None,
+                   help="python module of the trainer (-m under torchrun; default: reference_trainer)")
+    c.add_argument("--command", dest="command_file", metavar="FILE",
+                   help="a [command] trainer instead: a scenario file with a [command] table, or an audit's "
+                        "profile.json; composes two of the audit's faults across launches (docs/audit.md, The search)")
     c.add_argument("--seed", type=int, default=None, help="fixes the schedules generated (CI)")
-    c.add_argument("--max-faults", type=int, default=4, help="steps per schedule (faults and training progress)")
+    c.add_argument("--max-faults", type=int, default=None,
+                   help="steps per schedule (faults and training progress; default 4)")
     c.add_argument("--out", metavar="DIR", help="output directory: runs and summary.json go in "
                                                 "DIR/reports/explore/<time> (default: as for run)")
     c.add_argument("--regressions", default=None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ckpt_chaos import config
 from ckpt_chaos.subcommands.common import (EXIT_CANNOT_RUN, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNKNOWN,
-                                           EXIT_USAGE, UsageError, json_out, project)
+                                           EXIT_USAGE, UsageError, json_out, needs, project)
 
 TABLE = "tool.ckpt-chaos.audit"
 # [tool.ckpt-chaos.audit] key -> (type, example): the same settings as the options
@@ -25,7 +25,7 @@ KEYS = {"argv": (list, 'argv = ["train.py", "--ckpt-dir", "{ckpt_dir}"]'), "npro
         "families": (list, 'families = ["mid-write", "kill"]'), "complete": ((str, dict), 'complete = "step_*"'),
         "save_every": (int, "save_every = 100"), "keep_last": (int, "keep_last = 2"),
         "changes": (list, 'changes = ["seed=7", "save-every=2"]'), "resumable": (list, 'resumable = ["save-every"]'),
-        "resize": (list, 'resize = ["1=resumes"]')}
+        "resize": (list, 'resize = ["1=resumes"]'), "budget": ((str, int), 'budget = "10m"')}
 
 
 def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
@@ -66,6 +66,11 @@ def audit_options(c: argparse.ArgumentParser, jobs_type) -> None:
     c.add_argument("-n", "--jobs", type=jobs_type, default=None, metavar="N",
                    help="scenarios at once (default 1; 'auto' as the machine allows)")
     c.add_argument("--golden-dir", metavar="DIR", help="cache of fault-free runs (default: as for run)")
+    c.add_argument("--budget", default=None, metavar="TIME",
+                   help="after the suite, search this long (90s, 10m, 1h, or seconds) for two of its faults, each "
+                        "passed alone, that fail composed: a launch-ending fault, then another in the relaunch "
+                        "(docs/audit.md, The search; default: no search)")
+    c.add_argument("--seed", type=int, default=0, help="the search's seed: the order it composes the faults in")
     c.add_argument("--json", action="store_true", help="the profile (and the matrix) as JSON on stdout")
 
 
@@ -177,6 +182,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise UsageError(f"--families {bad[0]}: unknown family; choose from {', '.join(FAMILIES)}")
     changes = changes_of(args, given)
     resizes = resizes_of(args, given, spec.nproc)
+    budget = budget_of(args, given)
+    if budget and (code := needs("search", "audit --budget")) is not None:
+        return code
     console = Console(stderr=args.json)
     say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     if why := missing(spec.scenario()):
@@ -258,10 +266,32 @@ def cmd_audit(args: argparse.Namespace) -> int:
             f"(repro: {folder / (c['scenario'] + '.toml')}; run: {c['run_dir']})")
     say(f"audit: {len(cs)} cell(s), {len(found)} finding(s), {sum(c['verdict'] == 'left out' for c in cs)} left out; "
         f"{time.monotonic() - started:.0f}s; report: {results.parent / 'index.html' if results else '-'}")
+    searched = None
+    if budget:
+        from ckpt_chaos.audit import search
+
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            searched = search.run_after_suite(profile, gen, cs, out / "search", root, budget, args.seed, say)
     if args.json:
-        json_out({"profile": profile.to_dict(), "cells": cs})
+        json_out({"profile": profile.to_dict(), "cells": cs, **({"search": searched.to_dict()} if searched else {})})
     # as run: a finding fails; cells that could not tell, with no finding beside them, are exit 4
+    if searched is not None and searched.findings:
+        return EXIT_FAILED
     return EXIT_FAILED if any(c["verdict"] != "unknown" for c in found) else EXIT_UNKNOWN if found else EXIT_OK
+
+
+def budget_of(args: argparse.Namespace, given: dict) -> float | None:
+    """The search's budget in seconds (``--budget``, else the table's ``budget``); None: no search."""
+    from ckpt_chaos.audit.search import parse_budget
+
+    value = args.budget if args.budget is not None else given.get("budget")
+    if value is None:
+        return None
+    try:
+        return parse_budget(value)
+    except ValueError as e:
+        where = f"--budget {value}" if args.budget is not None else f"{project().file}: {TABLE}.budget"
+        raise UsageError(f"{where}: {e}") from None
 
 
 def json_out_text(data) -> str:

@@ -12,6 +12,18 @@ from ckpt_chaos.subcommands.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 def cmd_explore(args: argparse.Namespace) -> int:
     """Search random fault schedules for a failure; write each one found, shrunk, as a scenario file."""
+    if args.command_file is not None:
+        if args.trainer is not None:
+            raise UsageError(f"--trainer {args.trainer} and --command {args.command_file}: give one; --trainer names a "
+                             "Python module trainer (the reference trainer's probe points), --command a [command] "
+                             "trainer (a scenario file with a [command] table, or an audit's profile.json)")
+        only = [o for o, v in (("--shrink-budget", args.shrink_budget), ("--max-faults", args.max_faults)) if v]
+        if only:
+            raise UsageError(f"{only[0]} is --trainer's: with --command the search composes two faults and shrinks "
+                             "each failure by dropping one; drop the option")
+        if (code := needs("search", "explore")) is not None:
+            return code
+        return _explore_command(args)
     if (code := needs("search", "explore")) is not None:
         return code
     from rich.console import Console
@@ -19,7 +31,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from ckpt_chaos.search.explore import Search
     from ckpt_chaos.search.schedule import KINDS
 
-    families = [f for f in args.families.split(",") if f]
+    args.trainer = args.trainer or "reference_trainer"
+    args.max_faults = args.max_faults or 4
+    families = [f for f in (args.families or "process,storage").split(",") if f]
     bad = [f for f in families if f not in KINDS]
     if bad or not families:
         raise UsageError(f"--families: unknown family {bad[0] if bad else '(none)'}; searchable: {', '.join(KINDS)}")
@@ -69,3 +83,58 @@ def cmd_explore(args: argparse.Namespace) -> int:
         console.print(f"[red]search stopped: {sm.error}[/]")
     console.print(f"summary: {out / 'summary.json'}")
     return EXIT_FAILED if sm.findings or sm.error else EXIT_OK
+
+
+def _explore_command(args: argparse.Namespace) -> int:
+    """``explore --command FILE``: the audit's search (``ckpt_chaos/audit/search.py``) on a ``[command]``
+    trainer, from its scenario file's fault-free run or from an audit's profile.json."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from ckpt_chaos.audit import DEFAULT_FAMILIES, FAMILIES
+    from ckpt_chaos.audit import search as audit_search
+    from ckpt_chaos.audit.discover import DiscoveryError
+
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip()) if args.families else DEFAULT_FAMILIES
+    bad = [f for f in families if f not in FAMILIES]
+    if bad or not families:
+        raise UsageError(f"--families {bad[0] if bad else '(none)'}: with --command, the audit's families: "
+                         f"{', '.join(FAMILIES)}")
+    path = Path(args.command_file)
+    if not path.is_file() or path.suffix not in (".toml", ".json"):
+        raise UsageError(f"--command {path}: {'no such file' if not path.is_file() else 'neither .toml nor .json'}; "
+                         "give a scenario file with a [command] table, or an audit's profile.json")
+    console = Console()
+    say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    root = Path(args.golden_dir) if args.golden_dir else config.golden_dir()
+    out = (Path(args.out).resolve() / "reports" / "explore" if args.out else
+           config.out_dir(None, project()) / "reports" / "explore") / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    seed = 0 if args.seed is None else args.seed
+    say(f"ckpt-chaos explore: the [command] trainer of {path}, families {', '.join(families)}, budget "
+        f"{args.budget:.0f}s, seed {seed}; runs in {out}")
+    try:
+        profile, gen, verdicts = audit_search.from_file(path, root, families)
+    except (ValueError, DiscoveryError) as e:
+        raise UsageError(str(e)) from None
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+    def show(kind: str, obj) -> None:
+        if kind == "run":
+            say(f"  {obj.identity or obj.verdict:<16} {' then '.join(obj.composed)}  ({obj.wall_s:.0f}s)")
+
+    try:
+        sm = audit_search.search(profile, gen, out, root, args.budget, seed, verdicts, on_event=show)
+    except KeyboardInterrupt:
+        console.print("[red]interrupted: every process of the running schedule was killed[/]")
+        return EXIT_INTERRUPTED
+    if args.regressions:  # the findings kept where the caller wants them
+        keep = Path(args.regressions)
+        keep.mkdir(parents=True, exist_ok=True)
+        for f in sm.findings:
+            moved = keep / Path(f.file).name
+            Path(f.file).replace(moved)
+            f.file = str(moved)
+    for line in audit_search.describe(sm, out):
+        say(line)
+    return EXIT_FAILED if sm.findings else EXIT_OK
