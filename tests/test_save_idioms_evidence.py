@@ -337,3 +337,57 @@ def test_a_state_of_a_later_step_than_its_checkpoints_name_is_numbered_by_the_na
     report = Report(launches=2)
     trajectory_check(same, report)
     assert [c.verdict for c in report.checks] == ["pass"], report.checks
+
+
+_DIES_LOOKING = r"""
+import sys
+from pathlib import Path
+ckpt = Path(sys.argv[1])
+if sys.argv[2] == "stat":  # a loader that checks a file's size before a native read of it
+    try:
+        (ckpt / "step_8" / "model.bin").stat()
+    except FileNotFoundError as e:
+        raise RuntimeError("cannot resume") from e
+else:  # a save into a folder that is gone: a write, not a read
+    open(ckpt / "gone" / "model.bin", "wb")
+"""
+
+
+@pytest.mark.parametrize("how", ["stat", "create"])
+def test_a_process_that_dies_looking_for_a_checkpoint_file_is_seen_trying_it(tmp_path, how):
+    """A resume that takes step_8, whose model.bin a kill left unwritten, dies of the FileNotFoundError
+    of a stat (or of a native reader) the layer wraps no call of: its uncaught error names the file, in
+    a folder that exists, so the layer reports the read it tried (``failed``). A create that fails so
+    (its folder is gone) is no read. Judged: the relaunch took step_8 and died in it, a torn read."""
+    from ckpt_chaos.check.resume import resumes
+    from ckpt_chaos.check.verdict import Report
+    from ckpt_chaos.probe import auto
+    from ckpt_chaos.run.controller import ProbeServer
+
+    ckpt = tmp_path / "checkpoints"
+    (ckpt / "step_8").mkdir(parents=True)
+    events: list[dict] = []
+    with ProbeServer(events.append) as server:
+        env = {**os.environ, "RANK": "0", "CKPT_CHAOS_ATTEMPT": "1",
+               **auto.environment(server.address, tmp_path, [ckpt], pythonpath=str(REPO))}
+        out = subprocess.run([sys.executable, "-c", _DIES_LOOKING, str(ckpt), how], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert out.returncode == 1 and ("cannot resume" if how == "stat" else "FileNotFoundError") in out.stderr
+    reads = [e["info"] for e in events if e["point"] == "file.read"]
+    if how == "create":
+        assert reads == [], reads
+        return
+    assert reads == [{"path": "checkpoints/step_8/model.bin", "size": None,
+                      "failed": "FileNotFoundError: No such file or directory"}], reads
+    # the same record in a relaunch of a stored run whose launch 0 left step_8.pt torn
+    died = {"point": "file.read", "info": {**reads[0], "path": "checkpoints/step_8.pt"}}
+    run = _stored_fallback_run(tmp_path / "stored", [died])
+    assert run.evidence.resumed_from(1).died
+    report = Report(launches=2)
+    resumes(run, report)
+    got = {c.name: (c.verdict, c.detail) for c in report.checks}
+    assert got["resumed_newest@1"] == ("fail", "it took checkpoints/step_8.pt (its process died looking for "
+                                       "checkpoints/step_8.pt (FileNotFoundError: No such file or directory)), but "
+                                       "the newest complete checkpoint was checkpoints/step_4.pt (complete: "
+                                       "checkpoints/step_4.pt)"), got
+    assert got["no_torn_read@1"][0] == "fail" and "checkpoints/step_8.pt: 9592 of 19184" in got["no_torn_read@1"][1]

@@ -49,6 +49,8 @@ class Read:
     source: str  # "probe layer" | "fanotify"
     t: float
     size: int | None = None
+    failed: str | None = None
+    """The process died failing to find it (the probe layer's record of its uncaught error)."""
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Resume:
     # checkpoints it read before ``checkpoint`` and went on from: a load that raised, or files of
     # another checkpoint opened before it read any of its own (a fall back on an error)
     tried: list[str] = field(default_factory=list)
+    died: bool = False  # it took ``checkpoint`` but died before it loaded it (a file it lacks)
 
     def label(self) -> str:
         """For a report column: the checkpoint, "scratch", or "?"."""
@@ -182,7 +185,8 @@ class Evidence:
         probes = [h for h in self.run.probes() if h.launch == launch]
         writes = [h.t for h in probes if h.point in WRITES and str(h.info.get("path", "")).startswith(self.ckpt + "/")]
         probed_write = min(writes) if writes else logged_write
-        probed = [Read(h.info["path"], "probe layer" if h.point == "file.read" else "faultfs", h.t, h.info.get("size"))
+        probed = [Read(h.info["path"], "probe layer" if h.point == "file.read" else "faultfs", h.t, h.info.get("size"),
+                       h.info.get("failed"))
                   for h in probes if h.point in ("file.read", "faultfs.open")
                   and str(h.info.get("path", "")).startswith(self.ckpt + "/")]
         if logged_write is None:
@@ -371,10 +375,14 @@ class Evidence:
             ckpt = max(weight, key=lambda c: weight[c])
             sources = " and ".join(sorted({r.source for r in reads}))
             tried = _tried(reads, ckpt, self.checkpoint_of)
-            return Resume(launch, True, ckpt, f"{sources} saw it open {', '.join(files[:6])}"
-                          + (" ..." if len(files) > 6 else "")
+            missing = sorted({f"{r.path} ({r.failed})" for r in reads if r.failed})
+            opened = [f for f in files if f not in {r.path for r in reads if r.failed}]
+            return Resume(launch, True, ckpt, (f"{sources} saw it open {', '.join(opened[:6])}"
+                                               + (" ..." if len(opened) > 6 else "") if opened else "")
+                          + ("; " if opened and missing else "")
+                          + (f"its process died looking for {', '.join(missing)}" if missing else "")
                           + (f"; it opened {', '.join(tried)} first and went on from it" if tried else ""),
-                          first, files, tried=tried)
+                          first, files, tried=tried, died=bool(missing) and not opened)
         watched, why = self.fanotify(launch)
         if watched:
             if first is None:

@@ -90,7 +90,7 @@ def _fired(run: Run, report: Report) -> None:
             # the launch died on its own first: its error says more than the probe points do
             error = _last_error(launch_logs(run.dir, run.history) or {}, f.attempt)
             why = (f"launch {f.attempt} ended first, with exit status {ex.rc}"
-                   + (f" ({error})" if error else "") + f"; see its part of torchrun.log")
+                   + (f" ({error})" if error else "") + "; see its part of torchrun.log")
         # a planned fault that never fired: the run did not exercise what the scenario states, whoever is
         # to blame, so it cannot say the trainer failed it (docs/checks.md)
         report.add("fired", "unknown", fault=i, detail=f"{f.kind} {f.target} never fired: no probe event of "

@@ -138,7 +138,8 @@ def _command_resume(run: Run, ev: Evidence, report: Report, launch: int) -> None
     else:
         ok = r.checkpoint == newest_ckpt
         report.add("resumed_newest", ok, at=launch, detail=f"it loaded {r.checkpoint}, the newest complete "
-                   f"checkpoint ({r.how})" if ok else f"it loaded {r.checkpoint} ({r.how}), but the newest complete "
+                   f"checkpoint ({r.how})" if ok else f"it {'took' if r.died else 'loaded'} "
+                   f"{r.checkpoint} ({r.how}), but the newest complete "
                    f"checkpoint was {newest} (complete: {', '.join(sorted(complete))})")
     read = set(r.files) | ({r.checkpoint} if r.checkpoint else set())
     # a checkpoint it tried and went on from (a load that raised: a fall back on an error) is not

@@ -10,6 +10,7 @@ import io
 import os
 import shutil
 import stat
+import sys
 
 from ckpt_chaos import probe
 from ckpt_chaos.probe import follow
@@ -403,7 +404,36 @@ def _copyfile(src, dst, *, follow_symlinks=True):
     return dst
 
 
+def _missing_read(exc: BaseException | None) -> tuple[str, str] | None:
+    """The checkpoint file a process died failing to find, from its uncaught exception (or one it
+    was raised from): an ENOENT naming one file in a watched folder whose own folder exists. A create
+    there cannot fail so (O_CREAT makes it), nor can a rename's source be read (``filename2``): what is
+    left is a stat, an open or a load of a file the checkpoint lacks, done by native code or a check
+    before any open the layer wraps, which is the resume trying that checkpoint."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOENT and exc.filename is not None \
+                and getattr(exc, "filename2", None) is None:
+            rel = _watched(exc.filename)
+            if rel is not None and os.path.isdir(os.path.dirname(os.path.abspath(os.fsdecode(exc.filename)))):
+                return rel, f"{type(exc).__name__}: {exc.strerror}"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _excepthook(exc_type, exc, tb):
+    try:
+        found = _missing_read(exc)
+        if found is not None:
+            _point("file.read", path=found[0], size=None, failed=found[1])
+    except Exception:  # the trainer's own error is what must be printed
+        pass
+    _orig["excepthook"](exc_type, exc, tb)
+
+
 def _patch_files() -> None:
+    sys.excepthook = _excepthook
     builtins.open = io.open = _open
     os.open, os.write, os.close = _os_open, _os_write, _os_close
     _arm("os.write")

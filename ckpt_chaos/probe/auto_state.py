@@ -9,6 +9,7 @@ import builtins
 import io
 import os
 import shutil
+import sys
 import threading
 
 from ckpt_chaos import probe
@@ -52,7 +53,7 @@ PATCH_POINTS = {
 _orig = {"open": builtins.open, "io.open": io.open, "fsync": os.fsync, "fdatasync": getattr(os, "fdatasync", None),
          "rename": os.rename, "replace": os.replace, "remove": os.remove, "unlink": os.unlink,
          "rmtree": shutil.rmtree, "copyfile": shutil.copyfile,
-         "os.open": os.open, "os.write": os.write, "os.close": os.close}
+         "os.open": os.open, "os.write": os.write, "os.close": os.close, "excepthook": sys.excepthook}
 
 
 class _State:
