@@ -132,7 +132,10 @@ def trigger(c: Cell) -> tuple[list[dict], dict]:
         return [{"kind": "term", "target": "rank:1", "grace_s": 10.0,
                  "when": {"point": "step.begin", "rank": 1, "step": expect.TERM_AT}}], {}
     if f.kind in ("disk_full", "inodes_full"):
-        return [{"kind": f.kind, "when": {"point": "step.end", "rank": 0, "step": TARGET}}], {}
+        # rank 0 held at the end of the step before: every rank's save of TARGET comes after the fill, as
+        # the step between needs rank 0's gradients. Held at TARGET's own end, rank 0 would race the
+        # other ranks, which go on to their part of the save (a mkdir, a shard) while the disk fills.
+        return [{"kind": f.kind, "when": {"point": "step.end", "rank": 0, "step": TARGET - 1}}], {}
     if f.kind == "kill_during_load":
         data = expect.data_files(i, TARGET)[-1 if i.trainer == "dcp_train.py" else 0][1]  # DCP reads .metadata first
         return [{"kind": "kill", "target": "all", "when": {"point": "step.begin", "rank": 0, "step": expect.LOAD_KILL_AT}},
