@@ -116,6 +116,8 @@ def file_ops(i: Idiom, rank: int, final: str, writer: str, commit: str, logical:
     else:
         ops = [Op("create", target, sized=writer == "mmap", rank=rank),
                Op("write", target, file=logical, rank=rank, python=python)]
+        if writer == "mmap":  # saving.py flushes the mapping (mmap.flush: msync(MS_SYNC)), whatever the commit
+            ops.append(Op("fsync", target, rank=rank))
     if sync:
         ops.append(Op("fsync", target, rank=rank))
     if tmp:
