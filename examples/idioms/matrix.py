@@ -91,6 +91,8 @@ def complete(i: Idiom) -> str | dict:
     """``command.complete``: the pointer, or a glob of the entries its saves make (a framework's own name)."""
     if i.pointer != "none":
         return {"pointer": "latest"}
+    if i.trainer == "dcp_train.py":  # its resume takes a folder only once DCP renamed .metadata into it
+        return "step_*/.metadata"
     return expect.entry(i, 0).replace("step_0", "step_*", 1)
 
 
