@@ -109,7 +109,10 @@ def trigger(c: Cell) -> tuple[list[dict], dict]:
         return [{"kind": "kill", "target": f"rank:{rank}",
                  "when": {"point": point, "rank": rank, "path": ckpt + f.file, "min_fraction": 0.5}}], {}
     if f.kind == "kill_before_rename":
-        data = expect.entry(i, TARGET) if i.commit == "tmp_folder" else expect.data_files(i, TARGET)[0][1]
+        # what the save renames into place: its folder, DCP's .metadata (its shards keep their names), or
+        # the data file
+        data = expect.entry(i, TARGET) if i.commit == "tmp_folder" else expect.data_files(i, TARGET)[
+            -1 if i.trainer == "dcp_train.py" else 0][1]
         return [{"kind": "kill", "target": "rank:0",
                  "when": {"point": "faultfs.rename", "rank": 0, "path": ckpt + data}}], {}
     if f.kind == "kill_mid_pointer":
