@@ -278,9 +278,7 @@ def generate(p: Profile, families: tuple[str, ...] = DEFAULT_FAMILIES,
         fault = f"{c.key} = {toml_value(c.value)} {'refused' if c.refused else 'accepted'}"
         n = f"{name}--change--{slug(c.key + ' ' + str(c.value))}"
         if prev is None:
-            out.append(Generated(n, "change", "relaunch", fault, "", left_out=(
-                f"the first save is the target: a relaunch as step {mid} begins has no checkpoint to resume or to "
-                "refuse to resume")))
+            out.append(_nothing_to_resume(n, "change", fault, mid))
             continue
         declared = (f"which the user declares a resume must refuse: the relaunch must exit non-zero naming {c.key}, "
                     f"leave its checkpoints as they were, and the next relaunch, as before, resume from {prev.entry}"
@@ -358,9 +356,7 @@ def _resizes(p: Profile, name: str, resizes: tuple[Resize, ...], families: tuple
         word = "resumes" if r.resumes else "refused"
         n, fault = f"{name}--resize--{r.world}-ranks-{word}", f"{r.world} ranks {word}"
         if prev is None:
-            out.append(Generated(n, "resize", "relaunch", fault, "", left_out=(
-                f"the first save is the target: a relaunch as step {mid} begins has no checkpoint to resume or to "
-                "refuse to resume")))
+            out.append(_nothing_to_resume(n, "resize", fault, mid))
             continue
         declared = (f"which the user declares it refuses: the relaunch must exit non-zero, train no step and leave "
                     f"its checkpoints as they were, and the next relaunch, on {p.world_size} rank(s) again, resume "
@@ -375,6 +371,13 @@ def _resizes(p: Profile, name: str, resizes: tuple[Resize, ...], families: tuple
                f"of {p.world_size}, {declared}", kill, ["world-size-change"], recovery=tables["recovery"],
             expect=tables["expect"], command=tables["command"])))
     return out
+
+
+def _nothing_to_resume(name: str, family: str, fault: str, mid: int) -> Generated:
+    """A relaunch case (an option or the world size changed) left out: no save before the target one."""
+    return Generated(name, family, "relaunch", fault, "", left_out=(
+        f"the first save is the target: a relaunch as step {mid} begins has no checkpoint to resume or to "
+        "refuse to resume"))
 
 
 def check(gen: list[Generated], folder: Path, golden: Path | None = None) -> list[Generated]:
