@@ -49,8 +49,7 @@ class Read:
     source: str  # "probe layer" | "fanotify"
     t: float
     size: int | None = None
-    failed: str | None = None
-    """The process died failing to find it (the probe layer's record of its uncaught error)."""
+    failed: str | None = None  # its process died failing to find it (the layer's record of the error)
 
 
 @dataclass
@@ -375,14 +374,12 @@ class Evidence:
             ckpt = max(weight, key=lambda c: weight[c])
             sources = " and ".join(sorted({r.source for r in reads}))
             tried = _tried(reads, ckpt, self.checkpoint_of)
-            missing = sorted({f"{r.path} ({r.failed})" for r in reads if r.failed})
-            opened = [f for f in files if f not in {r.path for r in reads if r.failed}]
-            return Resume(launch, True, ckpt, (f"{sources} saw it open {', '.join(opened[:6])}"
-                                               + (" ..." if len(opened) > 6 else "") if opened else "")
-                          + ("; " if opened and missing else "")
-                          + (f"its process died looking for {', '.join(missing)}" if missing else "")
-                          + (f"; it opened {', '.join(tried)} first and went on from it" if tried else ""),
-                          first, files, tried=tried, died=bool(missing) and not opened)
+            lacked = {r.path: r.failed for r in reads if r.failed}
+            opened = [f for f in files if f not in lacked]
+            how = ([f"{sources} saw it open {', '.join(opened[:6])}{' ...' * (len(opened) > 6)}"] * bool(opened)
+                   + [f"its process died looking for {', '.join(f'{p} ({e})' for p, e in sorted(lacked.items()))}"]
+                   * bool(lacked) + [f"it opened {', '.join(tried)} first and went on from it"] * bool(tried))
+            return Resume(launch, True, ckpt, "; ".join(how), first, files, tried=tried, died=bool(lacked) and not opened)
         watched, why = self.fanotify(launch)
         if watched:
             if first is None:
